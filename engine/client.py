@@ -1,0 +1,322 @@
+"""The async side of the engine, used by web/: start the engine process, generate(), abort(), stats().
+
+Each request's deltas go to a one-slot collector that merges them while the consumer is slow, so memory
+stays bounded. A dead engine process surfaces as EngineDeadError on every request in flight; restart()
+(or auto_restart) starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+
+from engine.config import EngineConfig
+from engine.errors import (
+    ContextLengthError,
+    EngineDeadError,
+    EngineError,
+    InvalidRequestError,
+    ModelLoadError,
+    QueueFullError,
+)
+from engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineStats,
+    FromCore,
+    ModelInfo,
+    Ready,
+    Rejected,
+    RequestOutput,
+    Shutdown,
+    StartFailed,
+    StepOutputs,
+    ToCore,
+)
+from engine.process import run_engine_process
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("engine.client")
+
+
+class _Collector:
+    """One request's pending output: deltas merge in place until the consumer takes them."""
+
+    __slots__ = ("error", "event", "pending")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.pending: RequestOutput | None = None
+        self.error: Exception | None = None
+
+    def put(self, out: RequestOutput) -> None:
+        if self.pending is None:
+            self.pending = out
+        else:
+            self.pending.merge(out)
+        self.event.set()
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.event.set()
+
+    async def get(self) -> RequestOutput:
+        await self.event.wait()
+        self.event.clear()
+        if self.pending is not None:
+            out, self.pending = self.pending, None
+            return out
+        assert self.error is not None
+        raise self.error
+
+
+class AsyncEngineClient:
+    """state: "stopped" -> "loading" -> "ready"; "down" when the process died; "stopping" on shutdown."""
+
+    def __init__(
+        self, config: EngineConfig, *, auto_restart: bool = True, start_timeout: float = 1800.0
+    ) -> None:
+        self.config = config
+        self.auto_restart = auto_restart
+        self.start_timeout = start_timeout
+        self.state = "stopped"
+        self.model_info: ModelInfo | None = None
+        self.tokenizer: Any = None
+        self.restarts = 0
+        self.last_error: str | None = None
+        self._stats: EngineStats | None = None
+        self._collectors: dict[str, _Collector] = {}
+        self._process: Any = None
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._generation = 0
+        self._ready: asyncio.Future[ModelInfo] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+        self._restart_task: asyncio.Task[None] | None = None
+
+    # -- life cycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> ModelInfo:
+        """Spawn the engine process and wait until its model is loaded and warmed up."""
+        self._loop = asyncio.get_running_loop()
+        self._generation += 1
+        generation = self._generation
+        self.state = "loading"
+        ctx = mp.get_context("spawn")
+        to_core_r, to_core_w = ctx.Pipe(duplex=False)
+        from_core_r, from_core_w = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=run_engine_process,
+            args=(self.config, to_core_r, from_core_w),
+            name="engine-core",
+            daemon=True,
+        )
+        self._process.start()
+        to_core_r.close()
+        from_core_w.close()
+        self._ready = self._loop.create_future()
+        self._outbox = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(from_core_r, generation), daemon=True).start()
+        threading.Thread(target=self._write, args=(to_core_w, self._outbox), daemon=True).start()
+        try:
+            info = await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
+        except TimeoutError:
+            self._kill()
+            self.state = "down"
+            raise ModelLoadError(
+                f"the engine did not become ready within {self.start_timeout:.0f} s"
+            ) from None
+        if (
+            self.tokenizer is None
+            or self.model_info is None
+            or self.model_info.tokenizer_dir != info.tokenizer_dir
+        ):
+            self.tokenizer = await asyncio.to_thread(_load_tokenizer, info.tokenizer_dir)
+        self.model_info = info
+        self.state = "ready"
+        return info
+
+    async def restart(self) -> ModelInfo:
+        self._kill()
+        self.restarts += 1
+        return await self.start()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the engine to stop; kill it if it does not within timeout."""
+        self.state = "stopping"
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+        proc = self._process
+        if proc is not None and proc.is_alive():
+            self._outbox.put(self._encoder.encode(Shutdown()))
+            await asyncio.to_thread(proc.join, timeout)
+        self._kill()
+        self._fail_all(EngineDeadError("the engine is shutting down"))
+        self.state = "stopped"
+
+    def _kill(self) -> None:
+        self._generation += 1  # readers of the old process stop dispatching
+        self._outbox.put(None)
+        proc = self._process
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        self._process = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield deltas, the last with finished=True. Raises QueueFullError, InvalidRequestError or
+        ContextLengthError at the first item when refused, EngineDeadError when the engine dies. Closing the
+        iterator early aborts the request."""
+        if self.state != "ready":
+            raise EngineDeadError(f"the engine is not ready (state: {self.state})")
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._collectors:
+            raise InvalidRequestError(f"request id {rid!r} is already in use", "request_id")
+        collector = _Collector()
+        self._collectors[rid] = collector
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        self._send(AddRequest(rid, ids, params, arrival))
+        finished = False
+        try:
+            while True:
+                out = await collector.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self._collectors.pop(rid, None)
+            if not finished and collector.error is None:
+                self._send(AbortRequests([rid]))
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._collectors:
+            self._send(AbortRequests([request_id]))
+
+    def stats(self) -> EngineStats | None:
+        """The latest snapshot the engine sent (at most a quarter second old while busy)."""
+        return self._stats
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._collectors)
+
+    def _send(self, msg: ToCore) -> None:
+        if self.state in ("ready", "loading"):
+            self._outbox.put(self._encoder.encode(msg))
+
+    # -- threads: pipe reader and writer ----------------------------------------------------------------
+
+    def _write(self, conn: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
+        while (data := outbox.get()) is not None:
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                break
+        conn.close()
+
+    def _read(self, conn: Connection, generation: int) -> None:
+        decoder = msgspec.msgpack.Decoder(FromCore)
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            try:
+                msg = decoder.decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if generation != self._generation:
+                break
+            loop.call_soon_threadsafe(self._dispatch, msg, generation)
+        conn.close()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_exit, generation)
+
+    def _dispatch(self, msg: FromCore, generation: int) -> None:
+        if generation != self._generation:
+            return
+        if isinstance(msg, StepOutputs):
+            if msg.stats is not None:
+                self._stats = msg.stats
+            for out in msg.outputs:
+                collector = self._collectors.get(out.request_id)
+                if collector is not None:
+                    collector.put(out)
+        elif isinstance(msg, Rejected):
+            collector = self._collectors.get(msg.request_id)
+            if collector is not None:
+                collector.fail(_rejection(msg))
+        elif isinstance(msg, Ready):
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(msg.info)
+        elif isinstance(msg, StartFailed):
+            self.last_error = msg.message
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_exception(ModelLoadError(msg.message))
+
+    def _on_exit(self, generation: int) -> None:
+        if generation != self._generation or self.state in ("stopping", "stopped"):
+            return
+        code = self._process.exitcode if self._process is not None else None
+        self.last_error = f"the engine process exited (code {code})"
+        log.error("%s", self.last_error)
+        self.state = "down"
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(EngineDeadError(self.last_error))
+        self._fail_all(EngineDeadError(self.last_error))
+        if self.auto_restart and self.model_info is not None:
+            self._restart_task = asyncio.ensure_future(self._restart_after_crash())
+
+    async def _restart_after_crash(self) -> None:
+        delay = 1.0
+        while self.state == "down":
+            try:
+                await self.restart()
+            except EngineError as exc:
+                log.error("engine restart failed: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+
+    def _fail_all(self, error: EngineError) -> None:
+        for collector in list(self._collectors.values()):
+            collector.fail(error)
+
+
+def _rejection(msg: Rejected) -> EngineError:
+    if msg.kind == "queue_full":
+        return QueueFullError(msg.message)
+    if msg.kind == "context_length":
+        return ContextLengthError(msg.message, msg.param)
+    return InvalidRequestError(msg.message, msg.param)
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

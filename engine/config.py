@@ -1,0 +1,89 @@
+"""Engine configuration: validated once when built, frozen afterwards."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine.errors import ConfigError
+
+Quantization = Literal["none", "nf4", "fp4", "int8"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Policy = Literal["continuous", "static", "sequential"]
+
+QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "fp4", "int8")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+POLICIES: tuple[str, ...] = ("continuous", "static", "sequential")
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: $APPLIANCE_DATA_DIR/models, else the user's cache directory."""
+    data_dir = os.environ.get("APPLIANCE_DATA_DIR")
+    if data_dir:
+        return Path(data_dir) / "models"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-appliance" / "models"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs to know before it loads a model.
+
+    model: "default" (bundled SmolLM2-135M-Instruct), a Hugging Face model directory, a .gguf file,
+    or "random:<preset>" (seeded random weights of a real architecture).
+    """
+
+    model: str = "default"
+    served_model_name: str | None = None
+    quantization: Quantization = "nf4"
+    dtype: DType = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.90
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_queue: int = 1024
+    policy: Policy = "continuous"
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError(
+                "model must name a model: 'default', a directory, a .gguf file or random:<preset>"
+            )
+        _one_of("quantization", self.quantization, QUANTIZATIONS)
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("policy", self.policy, POLICIES)
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        _at_least("block_size", self.block_size, 1)
+        _at_least("max_num_seqs", self.max_num_seqs, 1)
+        _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _at_least("max_queue", self.max_queue, 1)
+        _at_least("kv_cache_bytes", self.kv_cache_bytes, 1)
+        if self.num_kv_blocks is not None:
+            _at_least("num_kv_blocks", self.num_kv_blocks, 1)
+        if self.max_model_len is not None:
+            _at_least("max_model_len", self.max_model_len, 1)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
+
+    @property
+    def model_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _at_least(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, not {value!r}")

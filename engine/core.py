@@ -1,0 +1,242 @@
+"""EngineCore: the step machine (schedule -> run -> update) plus detokenizing and stats, in one process.
+
+The offline LLM drives it directly; engine.process runs it in its own process behind the async client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.attention import ATTENTION_NAME
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import ConfigError, InvalidRequestError
+from engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
+from engine.loader import LoadedModel, load_model
+from engine.messages import EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
+from engine.request import Request, RequestStatus
+from engine.runner import ModelRunner
+from engine.sampler import TopLogprobs
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
+from engine.stats import StatsTracker, device_memory
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.loaded: LoadedModel = load_model(config, progress, attn_implementation=ATTENTION_NAME)
+        self.tokenizer = self.loaded.tokenizer
+        if progress:
+            progress("sizing the KV cache")
+        self.kv = self._allocate_kv()
+        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching)
+        limits = SchedulerLimits(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_queue=config.max_queue,
+            max_model_len=self.loaded.max_model_len,
+            policy=config.policy,
+        )
+        self.scheduler = Scheduler(limits, self.blocks)
+        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device)
+        self.eos_token_ids = frozenset(self.loaded.eos_token_ids)
+        self.vocab_size = len(self.tokenizer)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.tracker = StatsTracker()
+        self._memory = device_memory(self.loaded.device)
+        self._memory_time = 0.0
+
+    # -- sizing ----------------------------------------------------------------------------------------
+
+    def _allocate_kv(self) -> KVCache:
+        cfg, m = self.config, self.loaded
+        per_block = bytes_per_block(m.num_layers, m.num_kv_heads, m.head_dim, cfg.block_size, m.dtype)
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        elif m.device.type == "cuda":
+            num_blocks = self._cuda_num_blocks(per_block)
+        else:
+            num_blocks = cfg.kv_cache_bytes // per_block
+        if num_blocks < 1:
+            raise ConfigError(f"the KV budget holds no block of {per_block} bytes; raise it")
+        return allocate_kv_cache(
+            num_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype, m.device
+        )
+
+    def _cuda_num_blocks(self, per_block: int) -> int:
+        """Blocks that fit in gpu_memory_utilization of the card after the weights and a worst-case forward."""
+        cfg, m = self.config, self.loaded
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(m.device)
+        warm_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
+        probe = allocate_kv_cache(
+            warm_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype, m.device
+        )
+        self._warm_up(probe, cfg.max_num_batched_tokens)
+        peak = torch.cuda.max_memory_allocated(m.device) - probe.total_bytes
+        del probe
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(m.device)
+        others = (total - free) - torch.cuda.memory_reserved(m.device)
+        budget = int(total * cfg.gpu_memory_utilization) - others - peak
+        return max(budget // per_block, 0)
+
+    def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
+        num_tokens = min(num_tokens, kv.num_blocks * kv.block_size)
+        runner = ModelRunner(self.loaded.model, kv, self.loaded.device)
+        blocks = BlockManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False)
+        warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
+        blocks.allocate_slots(warm.request_id, num_tokens)
+        runner.execute([ScheduledRequest(warm, num_tokens)], {warm.request_id: blocks.block_table("warm-up")})
+
+    def warm_up(self) -> None:
+        """One full-budget forward through the real pool, so the first user request does not pay for it."""
+        n = min(self.config.max_num_batched_tokens, self.kv.num_blocks * self.kv.block_size)
+        self._warm_up(self.kv, n)
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises InvalidRequestError (ContextLengthError) or QueueFullError."""
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt"
+            )
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.scheduler.add_request(req)
+        self._detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer, req.prompt_token_ids, params.stop
+        )
+
+    def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
+        return [self._final(req, "") for req in self.scheduler.abort_requests(request_ids)]
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.empty:
+            return []
+        tables = {s.request.request_id: self.blocks.block_table(s.request.request_id) for s in out.scheduled}
+        result = self.runner.execute(out.scheduled, tables)
+        advanced = self.scheduler.update(out, result.sampled)
+        self.tracker.steps_total += 1
+        outputs = []
+        for req in advanced:
+            token = req.output_token_ids[-1]
+            self.tracker.generation_tokens_total += 1
+            detok = self._detokenizers[req.request_id]
+            delta, stopped = detok.add_tokens([token])
+            if stopped:
+                self.scheduler.finish_request(
+                    req.request_id, RequestStatus.FINISHED_STOPPED, detok.stop_string
+                )
+            logprobs = self._logprobs(token, result.logprobs.get(req.request_id))
+            if req.status.finished:
+                outputs.append(self._final(req, delta, logprobs, [token]))
+            else:
+                outputs.append(RequestOutput(req.request_id, [token], delta, logprobs=logprobs))
+        return outputs
+
+    def _final(
+        self,
+        req: Request,
+        delta: str,
+        logprobs: list[Logprob] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> RequestOutput:
+        detok = self._detokenizers.pop(req.request_id)
+        if detok.stop_string is None:
+            delta += detok.flush()
+        self.runner.release(req.request_id)
+        self.tracker.record_finished(req)
+        return RequestOutput(
+            request_id=req.request_id,
+            token_ids=token_ids or [],
+            text=delta,
+            finished=True,
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            logprobs=logprobs,
+            usage=Usage(req.num_prompt_tokens, len(req.output_token_ids), req.num_cached_prompt_tokens),
+            timings=Timings(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time),
+        )
+
+    def _logprobs(self, token: int, top: TopLogprobs | None) -> list[Logprob] | None:
+        if top is None:
+            return None
+        def decode(token_id: int) -> str:
+            return str(self.tokenizer.decode([token_id]))
+
+        alternatives = [(i, decode(i), lp) for i, lp in zip(top.top_ids, top.top_logprobs, strict=True)]
+        return [Logprob(token, decode(token), top.token_logprob, alternatives)]
+
+    # -- reporting -------------------------------------------------------------------------------------
+
+    def model_info(self) -> ModelInfo:
+        m = self.loaded
+        return ModelInfo(
+            name=m.name,
+            max_model_len=m.max_model_len,
+            tokenizer_dir=str(m.source_dir),
+            eos_token_ids=sorted(m.eos_token_ids),
+            device=str(m.device),
+            dtype=str(m.dtype).removeprefix("torch."),
+            quantization=m.quantization,
+            num_kv_blocks=self.kv.num_blocks,
+            block_size=self.kv.block_size,
+            kv_bytes_per_block=self.kv.bytes_per_block,
+        )
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        if now - self._memory_time > 1.0:  # reading free memory costs more than a step's bookkeeping
+            self._memory = device_memory(self.loaded.device)
+            self._memory_time = now
+        kind, total, free = self._memory
+        t = self.tracker
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_total=self.blocks.num_blocks,
+            kv_blocks_used=self.blocks.num_used_blocks,
+            kv_blocks_cached=self.blocks.num_cached_blocks,
+            block_size=self.blocks.block_size,
+            memory_kind=kind,
+            weights_bytes=self.loaded.weights_bytes,
+            kv_pool_bytes=self.kv.total_bytes,
+            device_memory_total=total,
+            device_memory_free=free,
+            preemptions_total=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.blocks.prefix_queries,
+            prefix_cache_hits=self.blocks.prefix_hits,
+            prompt_tokens_total=t.prompt_tokens_total,
+            generation_tokens_total=t.generation_tokens_total,
+            requests_finished_total=t.requests_finished_total,
+            steps_total=t.steps_total,
+            recent_queue_wait=list(t.recent_queue_wait),
+            recent_ttft=list(t.recent_ttft),
+            recent_tpot=list(t.recent_tpot),
+            time=now,
+        )

@@ -1,0 +1,168 @@
+"""The small typed structs that cross the process boundary between the engine core and its clients.
+
+Encoded with msgspec (msgpack); the offline API returns the same RequestOutput objects.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+
+
+class Logprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]]  # (token id, token text, logprob), best first
+
+
+class Timings(msgspec.Struct, frozen=True):
+    """Monotonic timestamps (time.monotonic, shared by processes on one machine), in seconds."""
+
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    finished: float | None
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class RequestOutput(msgspec.Struct):
+    """A delta of one request: new token ids and the text they complete. The last one has finished=True,
+    finish_reason ("stop", "length" or "abort"), usage and timings."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[Logprob] | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+    def merge(self, later: RequestOutput) -> None:
+        """Fold a later delta into this one (a slow consumer gets one merged delta, memory stays bounded)."""
+        self.token_ids.extend(later.token_ids)
+        self.text += later.text
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        self.finished = later.finished
+        self.finish_reason = later.finish_reason
+        self.stop_reason = later.stop_reason
+        self.usage = later.usage
+        self.timings = later.timings
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What a client needs to know about the served model and the pool."""
+
+    name: str
+    max_model_len: int
+    tokenizer_dir: str
+    eos_token_ids: list[int]
+    device: str
+    dtype: str
+    quantization: str
+    num_kv_blocks: int
+    block_size: int
+    kv_bytes_per_block: int
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    """One snapshot of the engine, built once per step. memory_kind is "VRAM" on CUDA, "RAM" on CPU."""
+
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached: int
+    block_size: int
+    memory_kind: str
+    weights_bytes: int
+    kv_pool_bytes: int
+    device_memory_total: int
+    device_memory_free: int
+    preemptions_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    steps_total: int
+    recent_queue_wait: list[float]
+    recent_ttft: list[float]
+    recent_tpot: list[float]
+    time: float
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+# -- client -> core ---------------------------------------------------------------------------------------
+
+
+class AddRequest(msgspec.Struct, tag="add"):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+
+
+class AbortRequests(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+# -- core -> client ---------------------------------------------------------------------------------------
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    info: ModelInfo
+
+
+class StartFailed(msgspec.Struct, tag="start_failed"):
+    message: str
+
+
+class Rejected(msgspec.Struct, tag="rejected"):
+    """A request refused at admission: kind is "queue_full", "context_length" or "invalid"."""
+
+    request_id: str
+    kind: str
+    message: str
+    param: str | None = None
+
+
+class StepOutputs(msgspec.Struct, tag="outputs"):
+    outputs: list[RequestOutput]
+    stats: EngineStats | None = None
+
+
+ToCore = AddRequest | AbortRequests | Shutdown
+FromCore = Ready | StartFailed | Rejected | StepOutputs

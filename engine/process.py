@@ -1,0 +1,92 @@
+"""The engine core's busy loop in its own process, fed by an input pipe; outputs and stats go back on another.
+
+The HTTP server never shares a GIL with the model, and a crash here cannot take the web process down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from multiprocessing.connection import Connection
+
+import msgspec
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from engine.messages import (
+    AbortRequests,
+    AddRequest,
+    FromCore,
+    Ready,
+    Rejected,
+    RequestOutput,
+    Shutdown,
+    StartFailed,
+    StepOutputs,
+    ToCore,
+)
+
+STATS_INTERVAL = 0.25  # seconds between stats snapshots while busy
+IDLE_POLL = 1.0  # an idle loop still sends a snapshot this often: it doubles as a heartbeat
+
+log = logging.getLogger("engine.process")
+
+
+def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
+    """Entry point of the engine process: load, warm up, say Ready, then serve until Shutdown or EOF."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    encoder = msgspec.msgpack.Encoder()
+    decoder = msgspec.msgpack.Decoder(ToCore)
+
+    def send(msg: FromCore) -> None:
+        outbox.send_bytes(encoder.encode(msg))
+
+    try:
+        core = EngineCore(config, progress=lambda what: log.info("%s", what))
+        core.warm_up()
+    except Exception as exc:  # any start-up failure is reported, then the process ends
+        log.exception("engine failed to start")
+        send(StartFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    send(Ready(core.model_info()))
+    log.info("engine ready: %s", core.model_info())
+    last_stats = 0.0
+    while True:
+        outputs: list[RequestOutput] = []
+        timeout: float | None = 0.0 if core.has_work() else IDLE_POLL
+        try:
+            while inbox.poll(timeout):
+                timeout = 0.0
+                msg = decoder.decode(inbox.recv_bytes())
+                if isinstance(msg, Shutdown):
+                    return
+                if isinstance(msg, AbortRequests):
+                    outputs.extend(core.abort(msg.request_ids))
+                else:
+                    rejected = _add(core, msg)
+                    if rejected is not None:
+                        send(rejected)
+        except EOFError:  # the client is gone: nobody to serve
+            return
+        if core.has_work():
+            outputs.extend(core.step())
+        now = time.monotonic()
+        due = now - last_stats >= (STATS_INTERVAL if core.has_work() or outputs else IDLE_POLL)
+        if outputs or due:
+            stats = core.stats() if due else None
+            if due:
+                last_stats = now
+            send(StepOutputs(outputs, stats))
+
+
+def _add(core: EngineCore, msg: AddRequest) -> Rejected | None:
+    try:
+        core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time)
+    except QueueFullError as exc:
+        return Rejected(msg.request_id, "queue_full", str(exc))
+    except ContextLengthError as exc:
+        return Rejected(msg.request_id, "context_length", str(exc), exc.param)
+    except InvalidRequestError as exc:
+        return Rejected(msg.request_id, "invalid", str(exc), exc.param)
+    return None

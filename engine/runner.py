@@ -1,0 +1,156 @@
+"""Turns the scheduler's decision into one flattened ragged batch, runs the model once, and samples.
+
+The only module that knows torch tensors in depth; the attention layers read the step's metadata, passed
+through the model's forward as a keyword argument, never from a global.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import ATTENTION_NAME, AttentionMetadata, PrefillSeq
+from engine.kv_cache import KVCache
+from engine.sampler import SampleResult, TopLogprobs, sample
+from engine.scheduler import ScheduledRequest
+
+__all__ = ["ATTENTION_NAME", "ModelRunner", "StepResult"]
+
+
+@dataclass(slots=True)
+class StepResult:
+    sampled: dict[str, int]
+    logprobs: dict[str, TopLogprobs]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device) -> None:
+        self.model = model
+        self.kv = kv_cache
+        self.device = device
+        self.block_size = kv_cache.block_size
+        self._generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's sampling state."""
+        self._generators.pop(request_id, None)
+
+    @torch.inference_mode()
+    def execute(
+        self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]
+    ) -> StepResult:
+        decodes = [s for s in scheduled if s.num_new_tokens == 1]
+        prefills = [s for s in scheduled if s.num_new_tokens > 1]
+        ordered = decodes + prefills
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        bs = self.block_size
+        for s in ordered:
+            req = s.request
+            start = req.num_computed_tokens
+            stop = start + s.num_new_tokens
+            table = block_tables[req.request_id]
+            input_ids.extend(req.token_slice(start, stop))
+            positions.extend(range(start, stop))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, stop))
+            if s.samples:
+                sample_rows.append(len(input_ids) - 1)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            key_cache=self.kv.key,
+            value_cache=self.kv.value,
+        )
+        self._decode_metadata(meta, decodes, block_tables)
+        self._prefill_metadata(meta, prefills, block_tables, len(decodes))
+        if not sample_rows:
+            self.model(
+                input_ids=self._tensor(input_ids).unsqueeze(0),
+                position_ids=self._tensor(positions).unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=self._tensor([len(input_ids) - 1]),
+                paged=meta,
+            )
+            return StepResult({}, {})
+        logits = self.model(
+            input_ids=self._tensor(input_ids).unsqueeze(0),
+            position_ids=self._tensor(positions).unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=self._tensor(sample_rows),
+            paged=meta,
+        ).logits[0]
+        sampling = [s for s in ordered if s.samples]
+        result = self._sample(logits, sampling)
+        sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
+        logprobs = {
+            s.request.request_id: lp
+            for s, lp in zip(sampling, result.logprobs, strict=True)
+            if lp is not None
+        }
+        return StepResult(sampled, logprobs)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> SampleResult:
+        params = [s.request.params for s in sampling]
+        generators = [self._generator(s) for s in sampling]
+        return sample(logits, params, generators)
+
+    def _generator(self, s: ScheduledRequest) -> torch.Generator | None:
+        seed = s.request.params.seed
+        if seed is None or s.request.params.greedy:
+            return None
+        gen = self._generators.get(s.request.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+            self._generators[s.request.request_id] = gen
+        return gen
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_metadata(
+        self, meta: AttentionMetadata, decodes: list[ScheduledRequest], block_tables: dict[str, list[int]]
+    ) -> None:
+        if not decodes:
+            return
+        bs = self.block_size
+        context_lens = [s.request.num_computed_tokens + 1 for s in decodes]
+        max_blocks = (max(context_lens) + bs - 1) // bs
+        tables = []
+        for s, n in zip(decodes, context_lens, strict=True):
+            table = block_tables[s.request.request_id][: (n + bs - 1) // bs]
+            tables.append(table + [0] * (max_blocks - len(table)))
+        table_t = torch.tensor(tables, dtype=torch.long, device=self.device)
+        offsets = torch.arange(bs, device=self.device)
+        meta.decode_slots = (table_t.unsqueeze(-1) * bs + offsets).view(len(decodes), max_blocks * bs)
+        positions = torch.arange(max_blocks * bs, device=self.device)
+        lens = self._tensor(context_lens)
+        meta.decode_mask = (positions.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+        meta.num_decodes = len(decodes)
+
+    def _prefill_metadata(
+        self,
+        meta: AttentionMetadata,
+        prefills: list[ScheduledRequest],
+        block_tables: dict[str, list[int]],
+        start: int,
+    ) -> None:
+        bs = self.block_size
+        for s in prefills:
+            computed = s.request.num_computed_tokens
+            n = s.num_new_tokens
+            if computed == 0:
+                meta.prefills.append(PrefillSeq(start, n, None, None))
+            else:
+                context = computed + n
+                table = self._tensor(block_tables[s.request.request_id][: (context + bs - 1) // bs])
+                offsets = torch.arange(bs, device=self.device)
+                context_slots = (table.unsqueeze(-1) * bs + offsets).view(-1)[:context]
+                keys = torch.arange(context, device=self.device)
+                queries = torch.arange(computed, context, device=self.device)
+                mask = keys.unsqueeze(0) <= queries.unsqueeze(1)
+                meta.prefills.append(PrefillSeq(start, n, context_slots, mask))
+            start += n

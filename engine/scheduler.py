@@ -1,0 +1,227 @@
+"""Iteration-level scheduler: FCFS queue, token budget with chunked prefill, admission by free KV blocks,
+preemption by recompute, and the continuous / static / sequential policies. Pure Python, no torch.
+
+It is the only place that changes a request's status and computed-token count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.errors import ContextLengthError, QueueFullError
+from engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the request's last known token, so its logits give the next one."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_queue: int
+    max_model_len: int
+    policy: str = "continuous"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        limits: SchedulerLimits,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.blocks = block_manager
+        self.clock = clock
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last is the newest, preempted first
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # -- queue -----------------------------------------------------------------------------------------
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Reject a request that could never run: beyond the model's context or the whole KV pool."""
+        total = num_prompt_tokens + max_tokens
+        if total > self.limits.max_model_len:
+            raise ContextLengthError(
+                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total} tokens, "
+                f"beyond the model's context of {self.limits.max_model_len} tokens",
+                "max_tokens",
+            )
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if total > capacity:
+            raise ContextLengthError(
+                f"prompt plus max_tokens is {total} tokens, more than the whole KV cache holds ({capacity})",
+                "max_tokens",
+            )
+
+    def add_request(self, request: Request) -> None:
+        if len(self.waiting) >= self.limits.max_queue:
+            raise QueueFullError(f"the waiting queue is full ({self.limits.max_queue} requests)")
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.check_fits(request.num_prompt_tokens, request.params.max_tokens)
+        self.waiting.append(request)
+        self.requests[request.request_id] = request
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step --------------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.limits.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self._allocate_or_preempt(req, req.num_computed_tokens + n, out):
+                out.scheduled.append(ScheduledRequest(req, n))
+                budget -= n
+                i += 1
+        if not out.preempted and self._may_admit():
+            budget = self._admit(budget, out)
+        out.num_batched_tokens = self.limits.max_num_batched_tokens - budget
+        return out
+
+    def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Grow req's blocks to num_tokens, preempting the newest running requests while none are free."""
+        while not self.blocks.allocate_slots(req.request_id, num_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.blocks.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _may_admit(self) -> bool:
+        policy = self.limits.policy
+        if policy == "continuous":
+            return True
+        if policy == "sequential":
+            return not self.running
+        # static: a batch forms while none of its members has produced a token; then it closes until empty.
+        return all(not r.output_token_ids and r.status is RequestStatus.RUNNING for r in self.running)
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+        max_seqs = 1 if self.limits.policy == "sequential" else self.limits.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+            req = self.waiting[0]
+            tokens = req.all_token_ids
+            hit_blocks, num_cached = self.blocks.get_computed_blocks(tokens)
+            n = min(len(tokens) - num_cached, budget)
+            if not self.blocks.allocate_slots(req.request_id, num_cached + n, hit_blocks):
+                break
+            self.waiting.popleft()
+            self.blocks.record_prefix_lookup(len(tokens), num_cached)
+            req.num_computed_tokens = num_cached
+            if req.scheduled_time is None:
+                req.scheduled_time = self.clock()
+                req.num_cached_prompt_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, n))
+            budget -= n
+        return budget
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance computed counts, append sampled tokens, finish requests that hit EOS, a stop token or a
+        length limit. Returns the requests that got a new token this step."""
+        block_size = self.blocks.block_size
+        advanced: list[Request] = []
+        now = self.clock()
+        for s in out.scheduled:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            before = req.num_computed_tokens
+            req.num_computed_tokens += s.num_new_tokens
+            if req.num_computed_tokens // block_size > before // block_size:
+                self.blocks.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            token = sampled.get(req.request_id)
+            if token is None:
+                continue
+            req.output_token_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            advanced.append(req)
+            status = self._stop_status(req, token)
+            if status is not None:
+                self._finish(req, status, now)
+        return advanced
+
+    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.params
+        if token in req.eos_token_ids and not params.ignore_eos:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if len(req.output_token_ids) >= params.max_tokens or req.num_tokens >= self.limits.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # -- finishing -------------------------------------------------------------------------------------
+
+    def finish_request(self, request_id: str, status: RequestStatus, stop_reason: str | None = None) -> None:
+        """Finish a request from outside the step (abort, stop string). Unknown or finished ids are ignored."""
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            return
+        if stop_reason is not None:
+            req.stop_reason = stop_reason
+        self._finish(req, status, self.clock())
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None and not req.status.finished:
+                self._finish(req, RequestStatus.FINISHED_ABORTED, self.clock())
+                aborted.append(req)
+        return aborted
+
+    def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.blocks.free(req.request_id)
+        req.status = status
+        req.finished_time = now
+        del self.requests[req.request_id]
