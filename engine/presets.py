@@ -1,4 +1,4 @@
-"""Random-weight presets: real decoder architectures at chosen sizes, built with seeded weights, no download."""
+"""Random-weight presets: real decoder architectures at chosen sizes, with seeded weights and no download."""
 
 from __future__ import annotations
 
@@ -108,12 +108,12 @@ def build_random_model(
     dtype: torch.dtype,
     attn_implementation: str | None,
 ) -> PreTrainedModel:
-    """Initialise the architecture on `device` in `dtype`; the same seed on the same device gives the same weights."""
+    """Build the architecture on `device` in `dtype`; one seed on one device always gives the same weights."""
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     torch.manual_seed(seed)
     with device:
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **extra)
-    # transformers zero-initialises biases; random ones make a family's bias path (Qwen2 q/k/v) actually count.
+    # transformers zero-initialises biases; random ones make a bias path (Qwen2's q/k/v) actually count.
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(".bias"):

@@ -129,22 +129,22 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _may_admit(self) -> bool:
-        policy = self.limits.policy
-        if policy == "continuous":
-            return True
-        if policy == "sequential":
-            return not self.running
-        # static: a batch forms while none of its members has produced a token; then it closes until empty.
-        return all(not r.output_token_ids and r.status is RequestStatus.RUNNING for r in self.running)
+        # static and sequential admit a new batch only when the running batch is empty.
+        return self.limits.policy == "continuous" or not self.running
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:
-        max_seqs = 1 if self.limits.policy == "sequential" else self.limits.max_num_seqs
-        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+        """Admit waiting requests FCFS while seats, blocks and budget allow. A static batch is admitted whole
+        (up to max_num_seqs): members beyond this step's budget join it now and start computing next step."""
+        policy = self.limits.policy
+        max_seqs = 1 if policy == "sequential" else self.limits.max_num_seqs
+        while self.waiting and len(self.running) < max_seqs and (budget > 0 or policy == "static"):
             req = self.waiting[0]
             tokens = req.all_token_ids
             hit_blocks, num_cached = self.blocks.get_computed_blocks(tokens)
             n = min(len(tokens) - num_cached, budget)
-            if not self.blocks.allocate_slots(req.request_id, num_cached + n, hit_blocks):
+            # A static member holds blocks for its whole prompt from the start: admission is by free blocks.
+            reserve = len(tokens) if policy == "static" else num_cached + n
+            if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
                 break
             self.waiting.popleft()
             self.blocks.record_prefix_lookup(len(tokens), num_cached)
@@ -154,8 +154,9 @@ class Scheduler:
                 req.num_cached_prompt_tokens = num_cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n))
-            budget -= n
+            if n > 0:
+                out.scheduled.append(ScheduledRequest(req, n))
+                budget -= n
         return budget
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:

@@ -1,0 +1,1 @@
+"""The side-by-side benchmark: one seeded workload against each batching policy and transformers' own CB."""

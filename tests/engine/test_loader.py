@@ -1,0 +1,173 @@
+"""Model loading: the bundled GGUF (converted once a session), HF dirs, seeded random presets, nf4, errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from engine.config import EngineConfig
+from engine.errors import ModelLoadError
+from engine.loader import PRESETS, LoadedModel, default_model_path, load_model, resolve_device, resolve_dtype
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def load(
+    cache_dir: Path, messages: list[str] | None = None, attn: str | None = None, **settings: object
+) -> LoadedModel:
+    settings = {"quantization": "none", "dtype": "float32", "device": "cpu", **settings}
+    config = EngineConfig(cache_dir=str(cache_dir), **settings)  # type: ignore[arg-type]
+    return load_model(config, messages.append if messages is not None else None, attn_implementation=attn)
+
+
+@pytest.fixture(scope="session")
+def default_model(cache_dir: Path) -> LoadedModel:
+    """The first load converts the bundled GGUF; every other test reuses the cache it leaves."""
+    messages: list[str] = []
+    loaded = load(cache_dir, messages, model="default")
+    assert any("converting GGUF" in message for message in messages)
+    return loaded
+
+
+def test_default_model_loads_as_smollm2(default_model: LoadedModel) -> None:
+    m = default_model
+    assert m.name == "SmolLM2-135M-Instruct"
+    assert type(m.model).__name__ == "LlamaForCausalLM"
+    assert (m.device, m.dtype, m.quantization) == (torch.device("cpu"), torch.float32, "none")
+    assert m.tokenizer.convert_tokens_to_ids("<|im_end|>") in m.eos_token_ids
+    assert m.tokenizer.chat_template
+    assert (m.num_layers, m.num_kv_heads, m.head_dim, m.max_model_len) == (30, 3, 64, 8192)
+    assert 500e6 < m.weights_bytes < 600e6  # 135M fp32 parameters
+    assert not m.model.training and not any(p.requires_grad for p in m.model.parameters())
+    assert len(AutoTokenizer.from_pretrained(m.source_dir)) == len(m.tokenizer)
+
+
+@pytest.mark.parametrize("by_path", [False, True], ids=["default", "gguf-path"])
+def test_second_load_uses_the_cache(default_model: LoadedModel, cache_dir: Path, by_path: bool) -> None:
+    messages: list[str] = []
+    started = time.perf_counter()
+    model = str(default_model_path()) if by_path else "default"
+    again = load(cache_dir, messages, model=model, max_model_len=512)
+    assert time.perf_counter() - started < 10
+    assert not any("converting" in message for message in messages)
+    assert (again.name, again.source_dir) == ("SmolLM2-135M-Instruct", default_model.source_dir)
+    assert again.max_model_len == 512
+
+
+def test_hf_directory_loads_with_served_name(default_model: LoadedModel, cache_dir: Path) -> None:
+    loaded = load(cache_dir, model=str(default_model.source_dir), served_model_name="smol")
+    assert loaded.name == "smol" and loaded.source_dir == default_model.source_dir
+    assert torch.equal(loaded.model.lm_head.weight, default_model.model.lm_head.weight)
+
+
+def state(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    return loaded.model.state_dict()
+
+
+def test_random_tiny_is_seeded(default_model: LoadedModel, cache_dir: Path) -> None:
+    first, same, other = (load(cache_dir, model="random:tiny", seed=seed) for seed in (1, 1, 2))
+    assert type(first.model).__name__ == "LlamaForCausalLM" and first.name == "random:tiny"
+    assert all(torch.equal(t, state(same)[k]) for k, t in state(first).items())
+    assert not torch.equal(state(first)["lm_head.weight"], state(other)["lm_head.weight"])
+    assert len(AutoTokenizer.from_pretrained(first.source_dir)) == len(default_model.tokenizer)
+    assert first.model.config.vocab_size == len(default_model.tokenizer)
+
+
+def test_random_tiny_logits_are_peaky(default_model: LoadedModel, cache_dir: Path) -> None:
+    """Greedy equivalence tests need the top-1 token to win by more than float noise."""
+    model = load(cache_dir, model="random:tiny").model
+    ids = torch.randint(0, model.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        top2 = model(ids).logits.topk(2, dim=-1).values
+    gaps = top2[..., 0] - top2[..., 1]
+    assert gaps.median() > 0.05
+    assert (gaps > 1e-3).float().mean() > 0.98
+
+
+def test_random_tiny_qwen2_has_live_biases(default_model: LoadedModel, cache_dir: Path) -> None:
+    loaded = load(cache_dir, model="random:tiny-qwen2")
+    assert type(loaded.model).__name__ == "Qwen2ForCausalLM"
+    q_bias = loaded.model.model.layers[0].self_attn.q_proj.bias
+    assert q_bias is not None and q_bias.abs().sum() > 0
+
+
+def test_registered_attention_is_used(default_model: LoadedModel, cache_dir: Path) -> None:
+    AttentionInterface.register("test_loader_attention", sdpa_attention_forward)
+    custom = load(cache_dir, model="random:tiny", attn="test_loader_attention")
+    reference = load(cache_dir, model="random:tiny")
+    assert custom.model.config._attn_implementation == "test_loader_attention"
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.allclose(custom.model(ids).logits, reference.model(ids).logits)
+
+
+def test_random_tiny_quantized_goes_through_a_saved_copy(default_model: LoadedModel, cache_dir: Path) -> None:
+    loaded = load(cache_dir, model="random:tiny", quantization="nf4", seed=3)
+    assert loaded.source_dir.name == "random-tiny-seed3"
+    assert (loaded.source_dir / "tokenizer.json").is_file()
+    assert loaded.model.model.layers[0].mlp.up_proj.weight.dtype == torch.uint8  # packed 4-bit
+
+
+def test_nf4_default_answers_paris(default_model: LoadedModel, cache_dir: Path) -> None:
+    loaded = load(cache_dir, model="default", quantization="nf4")
+    assert loaded.weights_bytes < default_model.weights_bytes / 2
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    text = loaded.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    ids = loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    output = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)  # type: ignore[operator]
+    answer = loaded.tokenizer.decode(output[0, ids.shape[1] :])
+    assert "Paris" in answer
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("random:nope", "known presets: random:tiny, random:tiny-qwen2"),
+        ("/nonexistent/model-dir", "does not exist"),
+    ],
+)
+def test_unknown_sources_fail_clearly(cache_dir: Path, model: str, expected: str) -> None:
+    with pytest.raises(ModelLoadError, match=expected):
+        load(cache_dir, model=model)
+
+
+def test_corrupt_gguf_and_non_decoder_dirs_fail_clearly(tmp_path: Path, cache_dir: Path) -> None:
+    corrupt = tmp_path / "broken.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ModelLoadError, match=r"converting .*broken\.gguf"):
+        load(cache_dir, model=str(corrupt))
+    assert not list(cache_dir.glob(".broken*"))  # the cut conversion left no staging directory
+    AutoConfig.for_model("t5").save_pretrained(tmp_path / "t5")
+    with pytest.raises(ModelLoadError, match="decoder-only"):
+        load(cache_dir, model=str(tmp_path / "t5"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load(cache_dir, model=str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize(("preset", "low", "high"), [("llama-1b", 1.0e9, 1.3e9), ("llama-8b", 7.0e9, 8.0e9)])
+def test_big_preset_sizes(default_model: LoadedModel, preset: str, low: float, high: float) -> None:
+    config = PRESETS[preset].hf_config(default_model.tokenizer)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert config.max_position_embeddings == 8192
+    assert low < sum(p.numel() for p in model.parameters()) < high
+
+
+def test_device_and_dtype_resolution() -> None:
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    if torch.cuda.is_available():
+        assert resolve_device("auto").type == "cuda"
+    else:
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ModelLoadError, match="no CUDA"):
+            resolve_device("cuda")
