@@ -74,7 +74,7 @@ class Scheduler:
                 "max_tokens",
             )
         capacity = self.blocks.num_blocks * self.blocks.block_size
-        if total > capacity:
+        if total - 1 > capacity:  # the last sampled token is never written to the cache
             raise ContextLengthError(
                 f"prompt plus max_tokens is {total} tokens, more than the whole KV cache holds ({capacity})",
                 "max_tokens",
@@ -147,9 +147,9 @@ class Scheduler:
             if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
                 break
             self.waiting.popleft()
-            self.blocks.record_prefix_lookup(len(tokens), num_cached)
             req.num_computed_tokens = num_cached
-            if req.scheduled_time is None:
+            if req.scheduled_time is None:  # first admission; a preempted request's own blocks are no hit rate
+                self.blocks.record_prefix_lookup(len(tokens), num_cached)
                 req.scheduled_time = self.clock()
                 req.num_cached_prompt_tokens = num_cached
             req.status = RequestStatus.RUNNING
