@@ -83,9 +83,7 @@ class _Collector:
 class AsyncEngineClient:
     """state: "stopped" -> "loading" -> "ready"; "down" when the process died; "stopping" on shutdown."""
 
-    def __init__(
-        self, config: EngineConfig, *, auto_restart: bool = True, start_timeout: float = 1800.0
-    ) -> None:
+    def __init__(self, config: EngineConfig, *, auto_restart: bool = True, start_timeout: float = 1800.0) -> None:
         self.config = config
         self.auto_restart = auto_restart
         self.start_timeout = start_timeout
@@ -95,6 +93,7 @@ class AsyncEngineClient:
         self.restarts = 0
         self.last_error: str | None = None
         self._stats: EngineStats | None = None
+        self.last_heartbeat = 0.0  # monotonic time of the engine's latest message: it sends one at least every second
         self._collectors: dict[str, _Collector] = {}
         self._process: Any = None
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -133,14 +132,8 @@ class AsyncEngineClient:
         except TimeoutError:
             self._kill()
             self.state = "down"
-            raise ModelLoadError(
-                f"the engine did not become ready within {self.start_timeout:.0f} s"
-            ) from None
-        if (
-            self.tokenizer is None
-            or self.model_info is None
-            or self.model_info.tokenizer_dir != info.tokenizer_dir
-        ):
+            raise ModelLoadError(f"the engine did not become ready within {self.start_timeout:.0f} s") from None
+        if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != info.tokenizer_dir:
             self.tokenizer = await asyncio.to_thread(_load_tokenizer, info.tokenizer_dir)
         self.model_info = info
         self.state = "ready"
@@ -224,6 +217,10 @@ class AsyncEngineClient:
         """The latest snapshot the engine sent (at most a quarter second old while busy)."""
         return self._stats
 
+    def healthy(self, max_silence: float = 30.0) -> bool:
+        """Ready and heard from recently: a hung engine loop (not just a dead one) fails this."""
+        return self.state == "ready" and time.monotonic() - self.last_heartbeat < max_silence
+
     @property
     def num_in_flight(self) -> int:
         return len(self._collectors)
@@ -261,6 +258,7 @@ class AsyncEngineClient:
     def _dispatch(self, msg: FromCore, generation: int) -> None:
         if generation != self._generation:
             return
+        self.last_heartbeat = time.monotonic()
         if isinstance(msg, StepOutputs):
             if msg.stats is not None:
                 self._stats = msg.stats

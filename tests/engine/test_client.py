@@ -93,3 +93,15 @@ async def test_auto_restart_after_crash() -> None:
         assert c.restarts == 1 and c.last_error is not None and "exited" in c.last_error
     finally:
         await c.shutdown()
+
+
+async def test_a_hung_engine_is_told_apart_by_its_silent_heartbeat(client: AsyncEngineClient) -> None:
+    assert client.pid is not None
+    await wait_for(lambda: client.healthy(max_silence=2.0), 10)
+    os.kill(client.pid, signal.SIGSTOP)  # alive but not looping: what a hung CUDA call looks like
+    try:
+        await wait_for(lambda: not client.healthy(max_silence=2.0), 10)
+        assert client.state == "ready"  # not dead, so only the heartbeat can tell
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    await wait_for(lambda: client.healthy(max_silence=2.0), 10)
