@@ -21,9 +21,7 @@ class PrefillSeq:
 
     start: int
     num_tokens: int
-    context_slots: (
-        torch.Tensor | None
-    )  # pool slots of the whole context; None when nothing was computed before
+    context_slots: torch.Tensor | None  # pool slots of the whole context; None when nothing was computed before
     mask: torch.Tensor | None  # [num_tokens, context_len] causal mask with offset; None with context_slots
 
 

@@ -54,9 +54,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if not self.model:
-            raise ConfigError(
-                "model must name a model: 'default', a directory, a .gguf file or random:<preset>"
-            )
+            raise ConfigError("model must name a model: 'default', a directory, a .gguf file or random:<preset>")
         _one_of("quantization", self.quantization, QUANTIZATIONS)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("policy", self.policy, POLICIES)

@@ -22,9 +22,7 @@ class KVCache:
         return self.num_blocks * self.bytes_per_block
 
 
-def bytes_per_block(
-    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
-) -> int:
+def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
     """Keys and values of every layer for block_size tokens."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element

@@ -26,9 +26,7 @@ class CompletionResult:
 
 
 class LLM:
-    def __init__(
-        self, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None) -> None:
         self.core = EngineCore(config or EngineConfig(), progress)
         self.tokenizer = self.core.tokenizer
         self._next_id = 0

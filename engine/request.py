@@ -25,9 +25,7 @@ class RequestStatus(enum.Enum):
         return self in _FINISHED
 
 
-_FINISHED = frozenset(
-    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
-)
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED})
 
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",

@@ -38,9 +38,7 @@ class ModelRunner:
         self._generators.pop(request_id, None)
 
     @torch.inference_mode()
-    def execute(
-        self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]
-    ) -> StepResult:
+    def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]) -> StepResult:
         decodes = [s for s in scheduled if s.num_new_tokens == 1]
         prefills = [s for s in scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
@@ -85,11 +83,7 @@ class ModelRunner:
         sampling = [s for s in ordered if s.samples]
         result = self._sample(logits, sampling)
         sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
-        logprobs = {
-            s.request.request_id: lp
-            for s, lp in zip(sampling, result.logprobs, strict=True)
-            if lp is not None
-        }
+        logprobs = {s.request.request_id: lp for s, lp in zip(sampling, result.logprobs, strict=True) if lp is not None}
         return StepResult(sampled, logprobs)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> SampleResult:

@@ -86,9 +86,7 @@ def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return logits.softmax(dim=-1)
 
 
-def _logprobs(
-    logits: torch.Tensor, params: Sequence[SamplingParams], ids: list[int]
-) -> list[TopLogprobs | None]:
+def _logprobs(logits: torch.Tensor, params: Sequence[SamplingParams], ids: list[int]) -> list[TopLogprobs | None]:
     wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
     out: list[TopLogprobs | None] = [None] * len(params)
     if not wanted:

@@ -28,9 +28,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         if isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, not {self.max_tokens}", "max_tokens")
         if not 0.0 <= self.temperature <= 2.0:
-            raise InvalidRequestError(
-                f"temperature must be between 0 and 2, not {self.temperature}", "temperature"
-            )
+            raise InvalidRequestError(f"temperature must be between 0 and 2, not {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], not {self.top_p}", "top_p")
         if self.top_k < 0:
@@ -39,9 +37,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
         for s in self.stop:
             if not s or len(s) > MAX_STOP_STRING_CHARS:
-                raise InvalidRequestError(
-                    f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters", "stop"
-                )
+                raise InvalidRequestError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters", "stop")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative token ids", "stop_token_ids")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

@@ -173,9 +173,7 @@ def test_earliest_of_several_stop_strings_wins(tok: PreTrainedTokenizerBase, gro
 
 
 @pytest.mark.parametrize("group_size", [1, 100])
-def test_a_stop_string_inside_a_longer_one_wins_once_complete(
-    tok: PreTrainedTokenizerBase, group_size: int
-) -> None:
+def test_a_stop_string_inside_a_longer_one_wins_once_complete(tok: PreTrainedTokenizerBase, group_size: int) -> None:
     ids = encode(tok, "Grüße aus Köln")
     detok = IncrementalDetokenizer(tok, PROMPT, stop=["Grüße", "ü"])
 

@@ -53,9 +53,7 @@ class Trace:
         core.scheduler.schedule = schedule  # type: ignore[method-assign]
 
 
-def run(
-    core: EngineCore, batches: Iterator[list[tuple[str, list[int], SamplingParams]]]
-) -> dict[str, list[int]]:
+def run(core: EngineCore, batches: Iterator[list[tuple[str, list[int], SamplingParams]]]) -> dict[str, list[int]]:
     """Add each batch of requests one step after the previous, then run to completion."""
     tokens: dict[str, list[int]] = {}
 
@@ -99,9 +97,7 @@ def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(t
             prompt = shared + prompt[: max(0, length - 80)]
         max_tokens = rng.choice([1, 2, 10, 50, 120, 200])
         max_tokens = min(max_tokens, 48 * 16 - len(prompt))
-        requests.append(
-            (f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-        )
+        requests.append((f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
     trace = Trace(tiny_core)
     batches = iter([requests[i : i + 4] for i in range(0, 32, 4)])
     got = run(tiny_core, batches)
@@ -117,9 +113,7 @@ def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(t
 
 def test_second_family_qwen2_matches_transformers() -> None:
     core = EngineCore(
-        EngineConfig(
-            model="random:tiny-qwen2", quantization="none", dtype="float32", device="cpu", num_kv_blocks=64
-        )
+        EngineConfig(model="random:tiny-qwen2", quantization="none", dtype="float32", device="cpu", num_kv_blocks=64)
     )
     rng = random.Random(3)
     requests = [
@@ -145,9 +139,7 @@ def test_default_model_chat_prompts_match_transformers() -> None:
     ]
     requests = []
     for i, text in enumerate(chats):
-        ids = core.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True
-        )
+        ids = core.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
         requests.append((f"c{i}", ids, SamplingParams(max_tokens=24, temperature=0.0)))
     got = run(core, iter([requests]))
