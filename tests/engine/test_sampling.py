@@ -87,6 +87,8 @@ def test_bad_requests_raise_clear_errors(llm: LLM) -> None:
 
 def test_nf4_default_model_knows_the_capital_of_france() -> None:
     llm = LLM(EngineConfig(model="default", quantization="nf4", device="cpu"))
+    # 4-bit weights: the fp32 model is 538 MB, nf4 packs the linear layers to a quarter of a byte per weight.
+    assert llm.core.loaded.weights_bytes < 250 * 2**20
     prompt = llm.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
     out = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))[0]
     assert "Paris" in out.text, out.text
