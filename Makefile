@@ -42,7 +42,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 typecheck: setup
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine web appliance
 
 pytest: sysdeps-test setup
 	$(PY) -m pytest -q -p no:cacheprovider

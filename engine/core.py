@@ -36,6 +36,8 @@ class EngineCore:
         """loaded: an already loaded model to serve (benchmarks compare policies on one copy of the weights)."""
         self.config = config
         self.loaded = loaded or load_model(config, progress, attn_implementation=ATTENTION_NAME)
+        if self.loaded.device.type == "cpu":
+            torch.set_num_threads(config.effective_cpu_threads)
         self.tokenizer = self.loaded.tokenizer
         if progress:
             progress("sizing the KV cache")

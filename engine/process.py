@@ -6,6 +6,7 @@ The HTTP server never shares a GIL with the model, and a crash here cannot take 
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from multiprocessing.connection import Connection
 
@@ -35,6 +36,8 @@ log = logging.getLogger("engine.process")
 
 def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
     """Entry point of the engine process: load, warm up, say Ready, then serve until Shutdown or EOF."""
+    # Ctrl-C reaches the whole process group: the server decides when the engine stops, after draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     encoder = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(ToCore)

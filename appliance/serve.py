@@ -1,0 +1,109 @@
+"""Serving with uvicorn, with a SIGTERM that drains: stop admitting (503, /ready fails) while still answering,
+let requests in flight finish up to the drain timeout, abort the rest, finalize every row, then exit 0.
+Under systemd it also notifies: READY, WATCHDOG and STATUS through the supervisor, STOPPING at the drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from types import FrameType
+
+import uvicorn
+
+from appliance.sdnotify import Notifier, watchdog_interval
+from appliance.settings import Settings
+from appliance.supervisor import Supervisor
+from appliance.wiring import create_app, engine_config
+from engine import AsyncEngineClient
+from web.generation.admission import drain
+from web.state import Services
+
+log = logging.getLogger("appliance.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn closes its socket at once on SIGTERM; this one first drains while the socket stays open, so
+    callers get a clear 503 and load balancers see /ready fail. A second signal forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, services: Services, supervisor: Supervisor) -> None:
+        super().__init__(config)
+        self.services = services
+        self.supervisor = supervisor
+        self.failed = False  # the engine could not start under systemd: exit non-zero
+        self._drain_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        supervising = asyncio.create_task(self._supervise(), name="systemd-supervisor")
+        try:
+            await super().serve(sockets)
+        finally:
+            supervising.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervising
+
+    async def _supervise(self) -> None:
+        if not await self.supervisor.run(lambda: self.started):
+            log.error("the engine failed to start; exiting so that systemd can restart the service")
+            self.failed = True
+            self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recording the signal: uvicorn would re-raise it after shutdown and the exit status would not be 0.
+        if self._drain_task is not None or self._loop is None:
+            self.should_exit = True
+            self.force_exit = self._drain_task is not None
+            return
+        timeout = self.services.config.drain_timeout
+        log.info("received %s: draining for up to %.0f s", signal.Signals(sig).name, timeout)
+        self.supervisor.notifier.send("STOPPING=1", f"STATUS=draining requests in flight for up to {timeout:.0f} s")
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await drain(self.services, self.services.config.drain_timeout)
+        finally:
+            self.should_exit = True
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The scheduler logs every run of the 5-second sampler at INFO.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT; raises SystemExit(1) when the engine could not start under systemd."""
+    configure_logging(settings.log_level)
+    client = AsyncEngineClient(engine_config(settings), auto_restart=True)
+    app = create_app(settings, client)
+    services: Services = app.state.services
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # every request has its history row; a log line each would cost CPU under load
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        log_config=None,
+    )
+    notifier = Notifier.from_environment()
+    address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"
+    supervisor = Supervisor(services, client, notifier, watchdog_interval(), address)
+    log.info("listening on %s; the engine loads %s now (its progress follows)", address, settings.model)
+    server = DrainingServer(config, services, supervisor)
+    try:
+        server.run()
+    finally:
+        notifier.close()
+    if server.failed:
+        raise SystemExit(1)

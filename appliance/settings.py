@@ -1,0 +1,198 @@
+"""The appliance's settings: read once from APPLIANCE_* environment variables and an optional env file.
+
+Each field carries its default and a one-line description; `settings_table()` lists them for the README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+PREFIX = "APPLIANCE_"
+ENV_FILE_VARIABLE = "APPLIANCE_ENV_FILE"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the environment variable."""
+
+
+def _default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "llm-appliance")
+
+
+def setting(default: Any, doc: str, *, secret: bool = False, default_doc: str | None = None) -> Any:
+    """A field with its one-line description; secrets are kept out of repr (and so out of logs)."""
+    metadata = {"doc": doc, "secret": secret, "default_doc": default_doc}
+    if callable(default):
+        return field(default_factory=default, metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = setting("127.0.0.1", "Address the HTTP server binds to (0.0.0.0 to serve the LAN).")
+    port: int = setting(8000, "TCP port of the HTTP server.")
+    data_dir: str = setting(
+        _default_data_dir,
+        "Directory for the database and the converted model cache.",
+        default_doc="$XDG_DATA_HOME/llm-appliance",
+    )
+    model: str = setting(
+        "default",
+        "Model: default (bundled SmolLM2-135M-Instruct), a HF directory, a .gguf or random:<preset>.",
+    )
+    served_model_name: str | None = setting(None, "Model name the API answers to (default: the model's own name).")
+    quantization: str = setting("nf4", "Weight quantization: none, nf4, fp4 or int8.")
+    dtype: str = setting("auto", "Compute dtype: auto, float32, bfloat16 or float16.")
+    device: str = setting("auto", "Device: auto, cpu, cuda or cuda:N.")
+    max_num_seqs: int = setting(64, "Most requests decoded together in one batch.")
+    max_num_batched_tokens: int = setting(512, "Most tokens (prefill + decode) computed in one engine step.")
+    max_queue: int = setting(1024, "Most requests waiting for a seat; beyond it requests get 503 + Retry-After.")
+    kv_cache_bytes: int = setting(1 << 30, "KV-cache pool size in bytes on CPU (GPU sizes it by utilization).")
+    num_kv_blocks: int | None = setting(None, "Exact number of KV blocks (overrides the byte/utilization sizing).")
+    gpu_memory_utilization: float = setting(0.90, "Fraction of GPU memory the engine may use (weights + KV).")
+    max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
+    drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
+    history_retention_days: int = setting(30, "Days request history is kept.")
+    store_text: bool = setting(False, "Store prompt and response text in the history (off for privacy).")
+    admin_password: str | None = setting(
+        None, "Admin password; used only at first start to seed the stored (hashed) credential.", secret=True
+    )
+    metrics_token: str | None = setting(None, "Bearer token that may read /metrics (besides the admin).", secret=True)
+    max_body_bytes: int = setting(4 << 20, "Largest accepted request body in bytes (413 beyond).")
+    default_max_tokens: int = setting(
+        1024, "max_tokens applied when neither the request nor its key sets one (capped by the context)."
+    )
+    log_level: str = setting("info", "Log level: debug, info, warning or error.")
+
+    @property
+    def database_path(self) -> Path:
+        return Path(self.data_dir) / "appliance.db"
+
+    @property
+    def model_cache_dir(self) -> Path:
+        return Path(self.data_dir) / "models"
+
+    @property
+    def local_url(self) -> str:
+        """Where a client on this machine reaches the server (a wildcard bind address answers on loopback)."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class SettingDoc:
+    variable: str
+    type: str
+    default: str
+    description: str
+
+
+def settings_table() -> list[SettingDoc]:
+    """One row per setting: environment variable, type, default and description (for the README)."""
+    hints = get_type_hints(Settings)
+    rows = []
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        if meta["default_doc"] is not None:
+            default = meta["default_doc"]
+        else:
+            value = f.default
+            default = "(unset)" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        rows.append(SettingDoc(PREFIX + f.name.upper(), _type_name(hints[f.name]), default, meta["doc"]))
+    return rows
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from the env file named by APPLIANCE_ENV_FILE (if any), overridden by the environment."""
+    env = dict(os.environ if environ is None else environ)
+    values: dict[str, str] = {}
+    env_file = env.get(ENV_FILE_VARIABLE)
+    if env_file:
+        values.update(read_env_file(Path(env_file)))
+    values.update({k: v for k, v in env.items() if k.startswith(PREFIX)})
+    hints = get_type_hints(Settings)
+    kwargs: dict[str, Any] = {}
+    known = {PREFIX + f.name.upper() for f in dataclasses.fields(Settings)} | {ENV_FILE_VARIABLE}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SettingsError(f"unknown setting(s): {', '.join(unknown)}")
+    for f in dataclasses.fields(Settings):
+        variable = PREFIX + f.name.upper()
+        if variable in values:
+            kwargs[f.name] = _parse(variable, values[variable], hints[f.name])
+    settings = Settings(**kwargs)
+    _check(settings)
+    return settings
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile reads them: # comments, optional quotes, blank lines."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"{ENV_FILE_VARIABLE}: cannot read {path}: {exc.strerror}") from None
+    values = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if not sep:
+            raise SettingsError(f"{path}:{number}: expected KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def _parse(variable: str, raw: str, hint: Any) -> Any:
+    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+    base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    text = raw.strip()
+    if optional and text == "":
+        return None
+    try:
+        if base is bool:
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            return int(text.replace("_", ""))
+        if base is float:
+            return float(text)
+    except ValueError:
+        raise SettingsError(f"{variable} must be a {_type_name(base)}, not {raw!r}") from None
+    return text
+
+
+def _check(s: Settings) -> None:
+    positive = ("port", "max_num_seqs", "max_num_batched_tokens", "max_queue", "kv_cache_bytes")
+    for name in (*positive, "max_body_bytes", "default_max_tokens", "history_retention_days"):
+        if getattr(s, name) < 1:
+            raise SettingsError(f"{PREFIX}{name.upper()} must be at least 1, not {getattr(s, name)}")
+    if s.port > 65535:
+        raise SettingsError(f"{PREFIX}PORT must be at most 65535, not {s.port}")
+    if s.drain_timeout < 0:
+        raise SettingsError(f"{PREFIX}DRAIN_TIMEOUT must be >= 0, not {s.drain_timeout}")
+    if s.log_level not in ("debug", "info", "warning", "error"):
+        raise SettingsError(f"{PREFIX}LOG_LEVEL must be debug, info, warning or error, not {s.log_level!r}")
+    if s.served_model_name is not None and not s.served_model_name.strip():
+        raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
+
+
+def _type_name(hint: Any) -> str:
+    args = [a for a in get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    name = {str: "string", int: "integer", float: "number", bool: "boolean"}.get(base, str(base))
+    return f"{name} (optional)" if args else name

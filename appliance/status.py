@@ -1,0 +1,119 @@
+"""`appliance status`: asks the running server (its admin stats API) how it is doing: engine state, requests
+running and waiting, KV-cache use, memory headroom, recent queue wait. Exit 0 ready, 1 not ready, 3 not running."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from appliance.settings import Settings
+from web.console.render import fmt_bytes, fmt_duration, fmt_pct
+
+EXIT_READY, EXIT_NOT_READY, EXIT_NOT_RUNNING = 0, 1, 3
+TIMEOUT_S = 10.0
+
+
+class StatusError(Exception):
+    """The server could not be asked; the message says why and what to do. exit_code as above."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def fetch(url: str, password: str | None) -> tuple[int, Any]:
+    """(HTTP status, decoded JSON body). Raises StatusError when nothing answers."""
+    headers = {"accept": "application/json"}
+    if password is not None:
+        headers["authorization"] = "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body)
+        except ValueError:
+            return exc.code, {"error": {"message": body.decode(errors="replace")[:200]}}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(
+            f"nothing answers at {url.rsplit('/', 3)[0]} ({reason}): the appliance is not running there "
+            "(start it with `appliance serve` or `systemctl start appliance`; see `journalctl -u appliance`)",
+            EXIT_NOT_RUNNING,
+        ) from None
+    except ValueError:
+        raise StatusError(f"{url} answered something that is not JSON: is this port the appliance's?", 1) from None
+
+
+def error_message(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body))
+    return str(body)
+
+
+def status(settings: Settings, password: str | None, as_json: bool) -> int:
+    base = settings.local_url
+    if password is None:
+        # Without the admin credential only readiness is public.
+        code, body = fetch(base + "/ready", None)
+        ready = code == 200
+        print(f"appliance at {base}: {'ready' if ready else error_message(body)}")
+        print("  (set APPLIANCE_ADMIN_PASSWORD or pass --password-stdin for the engine's numbers)")
+        return EXIT_READY if ready else EXIT_NOT_READY
+    code, body = fetch(base + "/admin/api/stats", password)
+    if code == 401:
+        raise StatusError(
+            f"the server refused the admin password ({error_message(body)}); APPLIANCE_ADMIN_PASSWORD only seeds "
+            "the first credential, so after `appliance admin set-password` pass the current one with "
+            "--password-stdin",
+            EXIT_NOT_READY,
+        )
+    if code != 200:
+        raise StatusError(f"{base}/admin/api/stats answered {code}: {error_message(body)}", EXIT_NOT_READY)
+    if as_json:
+        print(json.dumps(body, indent=2))
+    else:
+        print("\n".join(describe(base, body)))
+    return EXIT_READY if body["ready"] else EXIT_NOT_READY
+
+
+def describe(base: str, stats: dict[str, Any]) -> list[str]:
+    state = "ready" if stats["ready"] else stats["reason"]
+    lines = [f"appliance at {base}: {state}"]
+    model, engine = stats.get("model"), stats.get("engine")
+    if model:
+        lines.append(
+            f"  model:       {model['name']} on {model['device']} ({model['dtype']}, {model['quantization']}), "
+            f"context {model['max_model_len']:,} tokens"
+        )
+    if not engine:
+        lines.append(f"  engine:      {stats['state']} (no numbers yet)")
+        return lines
+    lines.append(
+        f"  requests:    {engine['running']} running, {engine['waiting']} waiting, "
+        f"{stats['in_flight']} in flight through the API{', draining' if stats['draining'] else ''}"
+    )
+    total, used = engine["kv_blocks_total"], engine["kv_blocks_used"]
+    lines.append(
+        f"  KV cache:    {fmt_pct(used / total if total else 0)} in use ({used:,} of {total:,} blocks of "
+        f"{engine['block_size']} tokens; {engine['kv_blocks_cached']:,} more hold reusable prefixes)"
+    )
+    kind = engine["memory_kind"]
+    lines.append(
+        f"  {kind + ':':<12} {fmt_bytes(engine['device_memory_free'])} free of {fmt_bytes(engine['device_memory_total'])} "
+        f"(weights {fmt_bytes(engine['weights_bytes'])}, KV pool {fmt_bytes(engine['kv_pool_bytes'])})"
+    )
+    lines.append(
+        f"  queue wait:  p50 {fmt_duration(stats['queue_wait_s']['p50'])}, p95 {fmt_duration(stats['queue_wait_s']['p95'])}; "
+        f"time to first token p50 {fmt_duration(stats['ttft_s']['p50'])} (recent requests)"
+    )
+    lines.append(
+        f"  since start: {engine['requests_finished_total']:,} requests, "
+        f"{engine['generation_tokens_total']:,} tokens generated, {engine['preemptions_total']:,} preemptions"
+    )
+    return lines

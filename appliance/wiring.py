@@ -1,0 +1,53 @@
+"""Settings into the two rooms' configs (EngineConfig, WebConfig), and the app built from them."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+
+from appliance.settings import Settings, load_settings
+from engine import AsyncEngineClient, EngineConfig
+from web.app import create_app as create_web_app
+from web.config import WebConfig
+from web.db import sqlite_url
+from web.state import EngineClient
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    """Raises engine.ConfigError naming the bad value (quantization, dtype, device, limits)."""
+    return EngineConfig(
+        model=settings.model,
+        served_model_name=settings.served_model_name,
+        quantization=settings.quantization,  # type: ignore[arg-type]  # validated by EngineConfig
+        dtype=settings.dtype,  # type: ignore[arg-type]
+        device=settings.device,
+        num_kv_blocks=settings.num_kv_blocks,
+        kv_cache_bytes=settings.kv_cache_bytes,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_queue=settings.max_queue,
+        cache_dir=str(settings.model_cache_dir),
+    )
+
+
+def web_config(settings: Settings) -> WebConfig:
+    return WebConfig(
+        database_url=sqlite_url(settings.database_path),
+        served_model_name=settings.served_model_name,
+        store_text=settings.store_text,
+        history_retention_days=settings.history_retention_days,
+        drain_timeout=settings.drain_timeout,
+        admin_password=settings.admin_password,
+        metrics_token=settings.metrics_token,
+        max_body_bytes=settings.max_body_bytes,
+        default_max_tokens=settings.default_max_tokens,
+    )
+
+
+def create_app(settings: Settings | None = None, client: EngineClient | None = None) -> Litestar:
+    """The whole appliance as an ASGI app; settings from the environment unless given."""
+    settings = settings or load_settings()
+    config = engine_config(settings)
+    settings.database_path.parent.mkdir(parents=True, exist_ok=True)
+    return create_web_app(web_config(settings), client or AsyncEngineClient(config, auto_restart=True))

@@ -1,0 +1,152 @@
+"""The console's pure parts without a browser: sessions and the login limit, throughput, the memory split, the
+diagnosis, the chart scale, CSV cells, and the asset fetcher refusing a file whose hash is not the pinned one."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from engine import EngineStats
+from web.console import charts
+from web.console.diagnosis import diagnose
+from web.console.history import csv_cell
+from web.console.live import ThroughputMeter, memory_segments
+from web.console.samples import Bucket
+from web.console.sessions import IDLE_TIMEOUT_S, MAX_AGE_S, LoginLimiter, SessionStore, tokens_match
+from web.static import assets
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sessions_expire_when_idle_and_at_their_maximum_age() -> None:
+    clock = Clock()
+    store = SessionStore(clock=clock)
+    session = store.create()
+    assert store.get(session.token) is session
+    clock.now += IDLE_TIMEOUT_S + 1
+    assert store.get(session.token) is None
+    busy = store.create()
+    for _ in range(MAX_AGE_S // (IDLE_TIMEOUT_S // 2) + 1):  # kept busy, it still ends at the maximum age
+        clock.now += IDLE_TIMEOUT_S // 2
+        alive = store.get(busy.token)
+    assert alive is None
+    assert store.get("unknown") is None and store.get(None) is None
+    assert tokens_match("abc", "abc") and not tokens_match("abc", "abd") and not tokens_match("abc", None)
+
+
+def test_failed_logins_are_limited_per_address_in_a_sliding_window() -> None:
+    clock = Clock()
+    limiter = LoginLimiter(limit=5, window_s=60, clock=clock)
+    for _ in range(5):
+        assert limiter.retry_after("10.0.0.1") == 0
+        limiter.failed("10.0.0.1")
+        clock.now += 1
+    assert 55 <= limiter.retry_after("10.0.0.1") <= 56
+    assert limiter.retry_after("10.0.0.2") == 0
+    clock.now += 56
+    assert limiter.retry_after("10.0.0.1") == 0
+
+
+def test_throughput_comes_from_counter_deltas_and_restarts_with_the_engine() -> None:
+    clock = Clock()
+    meter = ThroughputMeter(clock=clock)
+    assert meter.observe(100) is None
+    clock.now += 2
+    assert meter.observe(160) == pytest.approx(30.0)
+    clock.now += 2
+    assert meter.observe(10) is None  # the counter went back: a restarted engine
+    clock.now += 100
+    meter.observe(10)
+    clock.now += 2
+    assert meter.observe(30) == pytest.approx(10.0)  # the stale point an idle gap left is not averaged in
+
+
+def stats(**values: object) -> EngineStats:
+    base: dict[str, object] = dict(
+        running=0, waiting=0, kv_blocks_total=100, kv_blocks_used=0, kv_blocks_cached=0, block_size=16,
+        memory_kind="VRAM", weights_bytes=4 << 30, kv_pool_bytes=8 << 30, device_memory_total=24 << 30,
+        device_memory_free=10 << 30, preemptions_total=0, prefix_cache_queries=0, prefix_cache_hits=0,
+        prompt_tokens_total=0, generation_tokens_total=0, requests_finished_total=0, steps_total=0,
+        recent_queue_wait=[], recent_ttft=[], recent_tpot=[], time=0.0,
+    )  # fmt: skip
+    base.update(values)
+    return EngineStats(**base)  # type: ignore[arg-type]
+
+
+def test_memory_split_covers_the_device_without_overlap() -> None:
+    parts = {s.key: s for s in memory_segments(stats(kv_blocks_used=25))}
+    assert parts["weights"].bytes == 4 << 30
+    assert parts["kv-used"].bytes == 2 << 30 and parts["kv-pool"].bytes == 6 << 30
+    assert parts["other"].bytes == 2 << 30 and parts["free"].bytes == 10 << 30
+    assert sum(s.width for s in parts.values()) == pytest.approx(1.0)
+    squeezed = memory_segments(stats(device_memory_total=10 << 30, device_memory_free=5 << 30))
+    assert sum(s.width for s in squeezed) <= 1.0 + 1e-9
+
+
+def bucket(waiting: int, kv: float) -> Bucket:
+    return Bucket(0.0, 4, waiting, kv, 1, 2, None, 10.0)
+
+
+def test_diagnosis_names_memory_or_compute_as_the_limit() -> None:
+    memory = diagnose("ready", "ready", 3, 0.97, "VRAM", [bucket(3, 0.97)], "last hour")
+    assert memory.verdict == "memory" and "Memory is the limit" in memory.headline
+    assert any("quantization" in lever for lever in memory.levers)
+    assert any("VRAM" in lever for lever in memory.levers)
+    compute = diagnose("ready", "ready", 2, 0.3, "RAM", [bucket(2, 0.3)], "last hour")
+    assert compute.verdict == "compute" and "room" in compute.headline
+    healthy = diagnose("ready", "ready", 0, 0.1, "RAM", [bucket(0, 0.1)], "last hour")
+    assert healthy.verdict == "healthy" and not healthy.levers
+    earlier = diagnose("ready", "ready", 0, 0.1, "RAM", [bucket(0, 0.1), bucket(5, 0.99)], "last hour")
+    assert earlier.verdict == "healthy" and "KV cache full" in earlier.details[0] and earlier.levers
+    assert diagnose("down", "engine down: crashed", 0, None, "RAM", [], "last hour").verdict == "down"
+
+
+def test_chart_scale_is_round_and_gaps_break_the_line() -> None:
+    assert [charts.nice_ceiling(v) for v in (0, 0.8, 3, 7.5, 12, 0.013)] == [1.0, 1.0, 5, 10, 20, 0.02]
+    chart = charts.line_chart("x", "X", [0, 1, 2, 3], [("a", "A", [1.0, None, 2.0, 3.0])], 0, 3, str)
+    path = chart.lines[0].path
+    assert path.count("M") == 2 and path.count("L") == 1
+    assert chart.y_max_label == "5" and not chart.empty
+    assert charts.line_chart("x", "X", [], [("a", "A", [])], 0, 1, str).empty
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula() -> None:
+    assert csv_cell('=HYPERLINK("http://evil")') == '\'=HYPERLINK("http://evil")'
+    assert csv_cell("+1") == "'+1" and csv_cell("@SUM(A1)") == "'@SUM(A1)" and csv_cell("-2") == "'-2"
+    assert csv_cell("plain") == "plain" and csv_cell(None) == "" and csv_cell(3) == "3"
+
+
+def fake_pack(content: bytes) -> object:
+    def pack(asset: assets.Asset, workdir: Path) -> Path:
+        tarball = workdir / "pkg.tgz"
+        with tarfile.open(tarball, "w:gz") as archive:
+            info = tarfile.TarInfo(asset.member)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+        return tarball
+
+    return pack
+
+
+def test_asset_fetch_refuses_content_that_is_not_the_pinned_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(assets, "_npm_pack", fake_pack(b"alert('not htmx')"))
+    with pytest.raises(assets.AssetError, match="refusing"):
+        assets.fetch_assets(tmp_path)
+    assert not any(tmp_path.iterdir())
+
+    pinned = assets.Asset("demo", "1.0.0", "package/demo.js", "demo.js", assets._sha256(b"ok"))
+    monkeypatch.setattr(assets, "ASSETS", (pinned,))
+    monkeypatch.setattr(assets, "_npm_pack", fake_pack(b"ok"))
+    assert assets.fetch_assets(tmp_path) == [tmp_path / "demo.js"]
+    assert (tmp_path / "demo.js").read_bytes() == b"ok" and assets.is_current(pinned, tmp_path)

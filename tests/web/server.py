@@ -1,0 +1,91 @@
+"""A real appliance server in a subprocess (`python -m appliance.cli serve`) on a free port, on random:tiny."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_MODEL_CACHE = REPO / "data" / "test-cache" / "models"
+READY_TIMEOUT = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    data_dir: Path
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the server was not ready within {timeout} s:\n{self.log()[-3000:]}")
+
+    def new_key(self, name: str = "real", **limits: object) -> str:
+        response = httpx.post(self.url + "/admin/api/keys", json={"name": name, **limits}, headers=ADMIN)
+        response.raise_for_status()
+        return str(response.json()["key"])
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(data_dir: Path, **settings: str) -> Server:
+    """Start serving random:tiny with its own data dir (the converted model cache is shared when present)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    models = data_dir / "models"
+    if not models.exists():
+        SHARED_MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+        models.symlink_to(SHARED_MODEL_CACHE)
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")},
+        "APPLIANCE_DATA_DIR": str(data_dir),
+        "APPLIANCE_PORT": str(port),
+        "APPLIANCE_MODEL": "random:tiny",
+        "APPLIANCE_QUANTIZATION": "none",
+        "APPLIANCE_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "APPLIANCE_METRICS_TOKEN": METRICS_TOKEN,
+        "APPLIANCE_KV_CACHE_BYTES": str(64 << 20),
+        **{"APPLIANCE_" + k.upper(): v for k, v in settings.items()},
+    }
+    log_path = data_dir / f"server-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance.cli", "serve"], cwd=REPO, env=env, stdout=log, stderr=log
+        )
+    return Server(process, f"http://127.0.0.1:{port}", data_dir, log_path)

@@ -1,0 +1,198 @@
+"""API keys and quotas: authentication, hashed storage, admin CRUD, per-request cap, quota reservation and
+settlement, no overspend under concurrency, concurrency cap, period rollover."""
+
+import asyncio
+import hashlib
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows
+from web.keys.service import next_period_start, period_start
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+# The fake tokenizer counts characters: "<user>hi<assistant>" is 19 prompt tokens.
+PROMPT_TOKENS = 19
+
+
+async def test_requests_without_a_valid_key_are_refused(client: Any) -> None:
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT), 401, "missing_api_key")
+    bad = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-not-a-real-key"))
+    assert_openai_error(bad, 401, "invalid_api_key")
+    basic = await client.get("/v1/models", headers={"Authorization": "Basic Zm9vOmJhcg=="})
+    assert_openai_error(basic, 401, "invalid_api_key")
+    # The key is checked before the body: a bad body without a key is still 401.
+    assert_openai_error(await client.post("/v1/chat/completions", content=b"{nope"), 401)
+
+
+async def test_revoked_key_is_refused(client: Any) -> None:
+    key = await new_key(client)
+    assert (await client.get("/v1/models", headers=bearer(key))).status_code == 200
+    listed = (await client.get("/admin/api/keys", headers=ADMIN)).json()
+    revoked = await client.post(f"/admin/api/keys/{listed[0]['id']}/revoke", headers=ADMIN)
+    assert revoked.json()["revoked_at"] is not None
+    assert_openai_error(await client.get("/v1/models", headers=bearer(key)), 401, "revoked_api_key")
+
+
+async def test_keys_are_stored_only_as_hash_and_prefix(client: Any, db: sqlite3.Connection) -> None:
+    key = await new_key(client, "stored")
+    assert key.startswith("sk-") and len(key) > 40
+    (row,) = rows(db, "SELECT * FROM api_keys")
+    assert row["key_hash"] == hashlib.sha256(key.encode()).hexdigest()
+    assert row["prefix"] == key[:10]
+    dump = "\n".join(db.iterdump())
+    assert key not in dump
+    # The admin API never shows the key again.
+    assert key not in (await client.get("/admin/api/keys", headers=ADMIN)).text
+
+
+async def test_admin_key_crud(client: Any) -> None:
+    created = await client.post(
+        "/admin/api/keys",
+        json={"name": "team-a", "quota_tokens": 1000, "quota_period": "week", "max_concurrent": 2},
+        headers=ADMIN,
+    )
+    assert created.status_code == 201
+    info = created.json()["info"]
+    assert info["usage"]["remaining_tokens"] == 1000 and info["quota_period"] == "week"
+    key_id = info["id"]
+    patched = await client.patch(
+        f"/admin/api/keys/{key_id}", json={"name": "team-b", "quota_tokens": None}, headers=ADMIN
+    )
+    assert patched.status_code == 200, patched.text
+    body = patched.json()
+    assert body["name"] == "team-b" and body["quota_tokens"] is None and body["max_concurrent"] == 2
+    assert (await client.get(f"/admin/api/keys/{key_id}", headers=ADMIN)).json()["name"] == "team-b"
+    assert (await client.delete(f"/admin/api/keys/{key_id}", headers=ADMIN)).status_code == 204
+    assert_openai_error(await client.get(f"/admin/api/keys/{key_id}", headers=ADMIN), 404, "not_found")
+    assert_openai_error(await client.delete(f"/admin/api/keys/{key_id}", headers=ADMIN), 404)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"name": "x", "quota_period": "year"}, "quota_period"),
+        ({"name": "x", "quota_tokens": 0}, "quota_tokens"),
+        ({"name": "   "}, "name"),
+        ({"quota_tokens": 5}, "name"),
+        ({"name": "x", "quota_tokens": "lots"}, "quota_tokens"),
+        ({"name": "x", "colour": "red"}, None),
+    ],
+)
+async def test_admin_key_validation_errors_are_openai_shaped(client: Any, body: dict, param: str | None) -> None:
+    error = assert_openai_error(await client.post("/admin/api/keys", json=body, headers=ADMIN), 400)
+    if param is not None:
+        assert error["param"] == param
+
+
+async def test_admin_api_needs_the_admin_credential(client: Any) -> None:
+    assert_openai_error(await client.get("/admin/api/keys"), 401)
+    wrong = {"Authorization": "Basic " + "YWRtaW46d3Jvbmc="}  # admin:wrong
+    response = await client.get("/admin/api/keys", headers=wrong)
+    assert_openai_error(response, 401)
+    assert response.headers["www-authenticate"].startswith("Basic")
+    key = await new_key(client)
+    assert_openai_error(await client.get("/admin/api/keys", headers=bearer(key)), 401)
+
+
+async def test_max_tokens_cap_of_the_key(client: Any, fake: Any) -> None:
+    key = await new_key(client, max_tokens_per_request=8)
+    over = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 9}, headers=bearer(key))
+    error = assert_openai_error(over, 400, param="max_tokens")
+    assert "limit of 8" in error["message"]
+    ok = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    assert ok.status_code == 200
+    assert fake.requests[-1][2].max_tokens == 8  # the key's cap applies when the request omits max_tokens
+
+
+async def test_quota_reserves_then_charges_actual_usage(client: Any, db: sqlite3.Connection) -> None:
+    key = await new_key(client, quota_tokens=100, quota_period="day")
+    first = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60}, headers=bearer(key))
+    assert first.status_code == 200
+    usage = first.json()["usage"]
+    assert usage == {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": 5,
+        "total_tokens": PROMPT_TOKENS + 5,
+    }
+    (quota,) = rows(db, "SELECT used_tokens, reserved_tokens FROM key_usage")
+    assert (quota["used_tokens"], quota["reserved_tokens"]) == (PROMPT_TOKENS + 5, 0)
+    # 100 - 24 = 76 left; 19 + 60 = 79 does not fit, 19 + 57 = 76 does.
+    refused = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60}, headers=bearer(key))
+    error = assert_openai_error(refused, 429, "insufficient_quota")
+    assert "76 of 100" in error["message"] and error["type"] == "insufficient_quota"
+    assert 0 < int(refused.headers["retry-after"]) <= 24 * 3600  # seconds until the daily quota resets
+    fits = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 57}, headers=bearer(key))
+    assert fits.status_code == 200
+    statuses = [r["status"] for r in rows(db, "SELECT status FROM requests ORDER BY arrival_at")]
+    assert statuses == ["finished", "rejected", "finished"]
+
+
+async def test_concurrent_requests_never_overspend_the_quota(in_loop: InLoop, db: sqlite3.Connection) -> None:
+    in_loop.fake.token_delay = 0.01
+    key = await new_key(in_loop.http, quota_tokens=300, quota_period="none")
+    body = {**CHAT, "max_tokens": 20, "ignore_eos": True}  # each request reserves and uses 19 + 20 = 39
+
+    async def one() -> int:
+        response = await in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key))
+        return response.status_code
+
+    codes = await asyncio.gather(*(one() for _ in range(20)))
+    refused = await in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key))
+    assert "retry-after" not in refused.headers  # a quota of period "none" never resets
+    await in_loop.services.writer.flush()
+    assert codes.count(200) == 300 // 39 and set(codes) == {200, 429}
+    (quota,) = rows(db, "SELECT used_tokens, reserved_tokens FROM key_usage")
+    assert quota["used_tokens"] == codes.count(200) * 39 <= 300
+    assert quota["reserved_tokens"] == 0
+
+
+async def test_concurrency_cap_per_key(in_loop: InLoop) -> None:
+    in_loop.fake.token_delay = 0.05
+    key = await new_key(in_loop.http, max_concurrent=1)
+    other = await new_key(in_loop.http, "other")
+    slow = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key)))
+    await asyncio.sleep(0.05)
+    second = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    assert_openai_error(second, 429, "rate_limit_exceeded")
+    assert (await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(other))).status_code == 200
+    assert (await slow).status_code == 200
+    again = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    assert again.status_code == 200  # the slot is free again
+
+
+def test_period_boundaries() -> None:
+    now = datetime(2026, 3, 18, 15, 30, tzinfo=UTC)  # a Wednesday
+    created = datetime(2026, 1, 2, tzinfo=UTC)
+    assert period_start("day", now, created) == datetime(2026, 3, 18, tzinfo=UTC)
+    assert period_start("week", now, created) == datetime(2026, 3, 16, tzinfo=UTC)
+    assert period_start("month", now, created) == datetime(2026, 3, 1, tzinfo=UTC)
+    assert period_start("none", now, created) == created
+    assert next_period_start("month", datetime(2026, 12, 1, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
+    assert next_period_start("week", datetime(2026, 3, 16, tzinfo=UTC)) == datetime(2026, 3, 23, tzinfo=UTC)
+    assert next_period_start("none", created) is None
+
+
+async def test_quota_rolls_over_at_reservation_after_downtime(client: Any, db: sqlite3.Connection) -> None:
+    key = await new_key(client, quota_tokens=50, quota_period="day")
+    stale = (datetime.now(UTC) - timedelta(days=3)).replace(tzinfo=None)
+    db.execute("UPDATE key_usage SET used_tokens = 50, period_start = ?", (stale,))
+    db.commit()
+    response = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    (quota,) = rows(db, "SELECT used_tokens, period_start FROM key_usage")
+    assert quota["used_tokens"] == PROMPT_TOKENS + 5
+    assert quota["period_start"].startswith(datetime.now(UTC).strftime("%Y-%m-%d"))
+
+
+async def test_rollover_job_resets_ended_periods(in_loop: InLoop, db: sqlite3.Connection) -> None:
+    await new_key(in_loop.http, "daily", quota_tokens=50, quota_period="day")
+    await new_key(in_loop.http, "forever", quota_tokens=50, quota_period="none")
+    stale = (datetime.now(UTC) - timedelta(days=2)).replace(tzinfo=None)
+    db.execute("UPDATE key_usage SET used_tokens = 40, period_start = ?", (stale,))
+    db.commit()
+    assert await in_loop.services.keys.roll_over_all() == 1
+    used = [r["used_tokens"] for r in rows(db, "SELECT used_tokens FROM key_usage ORDER BY key_id")]
+    assert used == [0, 40]

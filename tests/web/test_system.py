@@ -1,0 +1,171 @@
+"""System room and jobs: health and readiness, Prometheus metrics behind auth, the admin stats snapshot, the
+engine sampler and retention."""
+
+import asyncio
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.web.conftest import (
+    ADMIN,
+    ADMIN_PASSWORD,
+    METRICS_TOKEN,
+    MODEL,
+    InLoop,
+    assert_openai_error,
+    bearer,
+    new_key,
+    rows,
+)
+from web.jobs import Jobs, Sampler
+from web.models import utcnow
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def samples(text: str) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+async def test_health_and_ready(client: Any) -> None:
+    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/ready")).json() == {"status": "ready", "model": MODEL}
+
+
+async def test_metrics_need_a_credential(client: Any) -> None:
+    assert_openai_error(await client.get("/metrics"), 401)
+    assert_openai_error(await client.get("/metrics", headers=bearer("wrong-token")), 401)
+    key = await new_key(client)
+    assert_openai_error(await client.get("/metrics", headers=bearer(key)), 401)
+    assert (await client.get("/metrics", headers=bearer(METRICS_TOKEN))).status_code == 200
+    assert (await client.get("/metrics", headers=ADMIN)).status_code == 200
+
+
+async def test_metrics_content(client: Any) -> None:
+    key = await new_key(client, "team", quota_tokens=1000)
+    for _ in range(2):
+        await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer(key))
+    await client.post("/v1/chat/completions", json={**CHAT, "n": 2}, headers=bearer(key))
+    response = await client.get("/metrics", headers=bearer(METRICS_TOKEN))
+    assert response.headers["content-type"].startswith("text/plain")
+    found = samples(response.text)
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "appliance:model_weights_bytes",
+        "appliance:kv_pool_bytes",
+        "appliance:device_memory_free_bytes",
+    ):
+        assert name in found, name
+    assert found["vllm:kv_cache_usage_perc"][0].value == 0.25
+    assert found["vllm:kv_cache_usage_perc"][0].labels == {"model_name": MODEL}
+    for histogram in (
+        "vllm:request_queue_time_seconds",
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:inter_token_latency_seconds",
+    ):
+        assert found[histogram + "_count"][0].value >= 2, histogram
+    assert found["vllm:inter_token_latency_seconds_count"][0].value == 8  # 4 intervals in each of 2 streams
+    success = {s.labels["finished_reason"]: s.value for s in found["vllm:request_success_total"]}
+    assert success == {"stop": 2}
+    quota = {s.name: s for s in found["appliance:key_quota_used_tokens"]}
+    assert found["appliance:key_quota_used_tokens"][0].labels == {"key_id": "1", "key_name": "team"}
+    assert found["appliance:key_quota_used_tokens"][0].value == 2 * 24 and quota
+    assert found["appliance:key_quota_limit_tokens"][0].value == 1000
+    rejected = {s.labels["reason"]: s.value for s in found["appliance:requests_rejected_total"]}
+    assert rejected == {"invalid_request_error": 1}
+
+
+async def test_admin_credential_checks(in_loop: InLoop) -> None:
+    admin = in_loop.services.admin
+    assert await admin.configured()
+    assert await admin.verify("admin", ADMIN_PASSWORD) and await admin.verify("admin", ADMIN_PASSWORD)
+    assert not await admin.verify("admin", "wrong-password")
+    assert not await admin.verify("root", ADMIN_PASSWORD)
+    await admin.set_password("a-new-password")
+    assert not await admin.verify("admin", ADMIN_PASSWORD)  # the remembered check is forgotten
+    assert await admin.verify("admin", "a-new-password")
+
+
+async def test_admin_stats_snapshot(client: Any) -> None:
+    assert_openai_error(await client.get("/admin/api/stats"), 401)
+    stats = (await client.get("/admin/api/stats", headers=ADMIN)).json()
+    assert stats["state"] == "ready" and stats["ready"] is True and stats["in_flight"] == 0
+    assert stats["model"]["name"] == MODEL and stats["engine"]["kv_blocks_used"] == 16
+    assert stats["kv_usage"] == 0.25 and stats["queue_wait_s"]["p95"] == 0.02
+
+
+async def test_sampler_stores_engine_samples(in_loop: InLoop, db: sqlite3.Connection) -> None:
+    sampler = Sampler(in_loop.services)
+    await sampler.run()
+    key = await new_key(in_loop.http)
+    for _ in range(3):
+        await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    await sampler.run()
+    first, second = rows(db, "SELECT * FROM engine_samples ORDER BY id")
+    assert (second["running"], second["waiting"], second["kv_usage"]) == (1, 2, 0.25)
+    assert second["memory_kind"] == "RAM" and second["memory_free_bytes"] == 1 << 29
+    assert first["tokens_per_s"] == 0 and second["tokens_per_s"] > 0  # 15 tokens since the first sample
+    assert second["queue_wait_p95_s"] is not None and first["queue_wait_p95_s"] is None
+    assert first["preemptions"] == second["preemptions"] == 0  # the fake's counter stays at 3
+    listed = await in_loop.http.get("/admin/api/samples?minutes=5", headers=ADMIN)
+    assert [s["running"] for s in listed.json()] == [1, 1]
+
+
+async def test_retention_prunes_old_rows_and_samples(in_loop: InLoop, db: sqlite3.Connection) -> None:
+    key = await new_key(in_loop.http)
+    await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    await Sampler(in_loop.services).run()
+    old = (datetime.now(UTC) - timedelta(days=40)).replace(tzinfo=None)
+    db.execute("UPDATE requests SET arrival_at = ?", (old,))
+    db.execute("UPDATE engine_samples SET at = ?", ((datetime.now(UTC) - timedelta(days=8)).replace(tzinfo=None),))
+    db.commit()
+    await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    await Sampler(in_loop.services).run()
+    await Jobs(in_loop.services).prune()
+    assert len(rows(db, "SELECT id FROM requests")) == 1
+    assert len(rows(db, "SELECT id FROM engine_samples")) == 1
+
+
+async def test_jobs_start_and_stop_with_the_app(in_loop: InLoop) -> None:
+    jobs = Jobs(in_loop.services)
+    jobs.start()
+    assert {job.id for job in jobs.scheduler.get_jobs()} == {"quota-rollover", "retention", "engine-sampler"}
+    jobs.shutdown()
+    await asyncio.sleep(0.01)  # APScheduler applies shutdown on the loop's next turn
+    assert not jobs.scheduler.running
+    assert utcnow().tzinfo is not None
+
+
+async def test_engine_that_fails_to_start_keeps_the_server_up(db_path: Any) -> None:
+    from engine import ModelLoadError
+    from tests.web.conftest import client_for
+    from tests.web.fakes import FakeEngineClient
+
+    class Broken(FakeEngineClient):
+        async def start(self) -> Any:
+            self.state = "loading"
+            raise ModelLoadError("no such model: /models/missing.gguf")
+
+    async with client_for(Broken(), db_path, ready=False) as client:
+        for _ in range(50):
+            response = await client.get("/ready")
+            if "failed to start" in response.text:
+                break
+            await asyncio.sleep(0.02)
+        assert "missing.gguf" in assert_openai_error(response, 503, "not_ready")["message"]
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/admin/api/stats", headers=ADMIN)).json()["ready"] is False

@@ -1,0 +1,21 @@
+"""The chat page at /: a static shell; the browser talks to /v1/chat/completions itself with the user's key."""
+
+from __future__ import annotations
+
+from litestar import Router, get
+from litestar.plugins.htmx import HTMXRequest
+from litestar.response import Template
+
+from web.console.render import PAGE_HEADERS
+from web.state import services_of
+
+
+@get("/", include_in_schema=False)
+async def chat_page(request: HTMXRequest) -> Template:
+    services = services_of(request)
+    info = services.client.model_info
+    context = {"model": services.model_name or "", "max_model_len": info.max_model_len if info else 0}
+    return Template(template_name="chat.html", context=context, headers={"Cache-Control": "no-cache"})
+
+
+chat_router = Router(path="/", route_handlers=[chat_page], request_class=HTMXRequest, response_headers=PAGE_HEADERS)

@@ -1,0 +1,21 @@
+"""What the web room needs to know, built by appliance/ from its settings (web never imports appliance)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    database_url: str
+    served_model_name: str | None = None
+    store_text: bool = False
+    history_retention_days: int = 30
+    drain_timeout: float = 30.0
+    admin_password: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int = 1024
+    sample_interval: float = 5.0
+    sample_retention_days: int = 7
+    run_migrations: bool = True

@@ -1,0 +1,1 @@
+"""The admin console: login, live engine panel, charts and diagnosis, request history, API keys."""

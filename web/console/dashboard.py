@@ -1,0 +1,90 @@
+"""The console's dashboard at /admin: the live panel (engine state, memory headroom, counters), the charts over
+the last hour or day, and the diagnosis; each live piece is a partial htmx polls and swaps by its element id."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import get
+from litestar.params import FromQuery
+from litestar.plugins.htmx import HTMXRequest, HTMXTemplate
+
+from web.console.auth import Console, page_context
+from web.console.charts import Chart, line_chart
+from web.console.diagnosis import diagnose
+from web.console.live import engine_state, live_view
+from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render, wanted_partial
+from web.console.samples import WINDOWS, Bucket, Window, buckets
+from web.state import services_of
+
+PARTIALS = ("engine-state", "memory", "engine-counters", "diagnosis", "charts")
+
+
+def _aligned(rows: list[Bucket], window: Window) -> tuple[list[float], list[Bucket | None]]:
+    """Bucket mid-times with a None wherever sampling stopped, so lines break across gaps."""
+    times: list[float] = []
+    points: list[Bucket | None] = []
+    for row in rows:
+        if points and row.at - times[-1] > 1.5 * window.bucket_s + window.bucket_s / 2:
+            times.append(row.at)
+            points.append(None)
+        times.append(row.at + window.bucket_s / 2)
+        points.append(row)
+    return times, points
+
+
+def build_charts(rows: list[Bucket], window: Window, kind: str, now: float) -> list[Chart]:
+    times, points = _aligned(rows, window)
+    start = now - window.seconds
+
+    def values(pick: Any) -> list[float | None]:
+        return [None if b is None else pick(b) for b in points]
+
+    return [
+        line_chart(
+            "queue-wait", "Queue wait p95", times,
+            [("wait", "queue wait p95", values(lambda b: b.queue_wait_p95_s))], start, now, fmt_duration,
+        ),
+        line_chart(
+            "kv", "KV cache in use", times,
+            [("kv", "KV in use", values(lambda b: b.kv_usage))], start, now, fmt_pct, fixed_top=1.0,
+        ),
+        line_chart(
+            "headroom", f"{kind} headroom (free of total)", times,
+            [("free", "free", values(lambda b: b.memory_free_bytes))], start, now, fmt_bytes,
+            fixed_top=max((b.memory_total_bytes for b in rows), default=None),
+        ),
+        line_chart(
+            "throughput", "Throughput (tokens/s)", times,
+            [("tps", "tokens/s", values(lambda b: b.tokens_per_s))], start, now, lambda v: fmt_num(v) + " tok/s",
+        ),
+        line_chart(
+            "load", "Running vs waiting", times,
+            [
+                ("running", "running", values(lambda b: b.running)),
+                ("waiting", "waiting", values(lambda b: b.waiting)),
+            ],
+            start, now, fmt_num,
+        ),
+    ]  # fmt: skip
+
+
+@get("/")
+async def dashboard(request: HTMXRequest, console: Console, window: FromQuery[str] = "1h") -> HTMXTemplate:
+    services = services_of(request)
+    partial = wanted_partial(request, PARTIALS)
+    chosen = WINDOWS.get(window, WINDOWS["1h"])
+    state = engine_state(services)
+    context = page_context(request, "dashboard", state=state, window=chosen, windows=list(WINDOWS.values()))
+    if partial != "engine-state":
+        owns_throughput = partial in (None, "engine-counters")
+        context["live"] = live_view(services, console.throughput if owns_throughput else None)
+    if partial in (None, "charts", "diagnosis"):
+        rows, kind = await buckets(services.sessions, chosen)
+        live = context["live"]
+        kind = kind or live.memory_kind
+        context["charts"] = build_charts(rows, chosen, kind, time.time())
+        waiting = live.stats.waiting if live.stats else 0
+        context["diagnosis"] = diagnose(state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label)
+    return render("console/dashboard.html", context, partial=partial)

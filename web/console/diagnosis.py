@@ -1,0 +1,87 @@
+"""The plain-words diagnosis beside the charts: is the appliance keeping up, and if not, is memory (the KV cache)
+or compute the limit, with the levers an operator has for each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from web.console.samples import Bucket
+
+KV_FULL = 0.90  # above this the scheduler is short of free blocks for new requests
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    verdict: str  # memory | compute | healthy | down
+    headline: str
+    details: list[str] = field(default_factory=list)
+    levers: list[str] = field(default_factory=list)
+
+
+def memory_levers(kind: str) -> list[str]:
+    more = (
+        "more VRAM: a GPU with more memory, or raise APPLIANCE_GPU_MEMORY_UTILIZATION if other programs leave room"
+        if kind == "VRAM"
+        else "more RAM for the KV pool (APPLIANCE_KV_CACHE_BYTES), or a GPU"
+    )
+    return [
+        "a smaller quantization (APPLIANCE_QUANTIZATION=nf4 or fp4) leaves more memory for KV blocks",
+        "shorter contexts (APPLIANCE_MAX_MODEL_LEN): long conversations hold many blocks each",
+        "lower max_tokens caps on the API keys, so each reply holds fewer blocks for less time",
+        more,
+    ]
+
+
+COMPUTE_LEVERS = [
+    "if running sits at APPLIANCE_MAX_NUM_SEQS, raise it: KV has room for more seats",
+    "a faster GPU, or a smaller model, to shorten each step",
+    "lower max_tokens caps, so seats free up sooner",
+]
+
+
+def _window_detail(window: Sequence[Bucket], label: str) -> tuple[str | None, bool]:
+    """A sentence about waiting in the chart window, and whether that waiting happened with KV full."""
+    waited = [b for b in window if b.waiting > 0]
+    if not window or not waited:
+        return (f"Nothing waited in the {label}." if window else None), False
+    full = [b for b in waited if b.kv_usage >= KV_FULL]
+    share = len(waited) / len(window)
+    cause = "with the KV cache full" if len(full) * 2 >= len(waited) else "while the KV cache had room"
+    return f"In the {label} requests waited in {share:.0%} of the samples, mostly {cause}.", bool(full)
+
+
+def diagnose(
+    state: str,
+    reason: str,
+    waiting: int,
+    kv_usage: float | None,
+    memory_kind: str,
+    window: Sequence[Bucket],
+    window_label: str,
+) -> Diagnosis:
+    if state in ("down", "loading", "draining"):
+        return Diagnosis("down", f"The engine is {state}.", [reason])
+    detail, waited_full = _window_detail(window, window_label)
+    details = [detail] if detail else []
+    kv = kv_usage or 0.0
+    if waiting > 0 and kv >= KV_FULL:
+        return Diagnosis(
+            "memory",
+            f"Memory is the limit: {waiting} request(s) wait while the KV cache is {kv:.0%} full.",
+            ["The batch cannot take more requests until running ones finish and free their KV blocks.", *details],
+            memory_levers(memory_kind),
+        )
+    if waiting > 0:
+        return Diagnosis(
+            "compute",
+            f"Compute bound: {waiting} request(s) wait although the KV cache has room ({kv:.0%} used).",
+            ["The batch is as large as the scheduler allows; each step takes as long as the hardware needs.", *details],
+            COMPUTE_LEVERS,
+        )
+    return Diagnosis(
+        "healthy",
+        "Healthy: no request is waiting for a seat.",
+        details,
+        memory_levers(memory_kind) if waited_full else [],
+    )

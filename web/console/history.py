@@ -1,0 +1,178 @@
+"""The console's request history: filters (key, status, time range), pagination, one request's detail, and the
+same filtered rows as CSV. Queries go through HistoryService."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from litestar import Response, get
+from litestar.params import FromPath, FromQuery
+from litestar.plugins.htmx import HTMXRequest
+from litestar.response import Stream
+
+from web.console.auth import page_context
+from web.console.render import render, wanted_partial
+from web.history.record import STATUSES
+from web.history.routes import RequestView, request_view
+from web.history.service import HistoryFilter
+from web.models import utcnow
+from web.state import services_of
+
+PAGE_SIZE = 50
+CSV_CHUNK = 500
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """The filter form as typed (strings, kept for re-display) and what it means for the query."""
+
+    key: str
+    status: str
+    since: str
+    until: str
+    query: HistoryFilter
+    errors: list[str]
+
+    def url_params(self, **extra: Any) -> str:
+        values = {"key": self.key, "status": self.status, "since": self.since, "until": self.until, **extra}
+        return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
+
+
+def _when(raw: str, label: str, errors: list[str]) -> datetime | None:
+    """A datetime-local value ("2026-01-31T12:00"), read as UTC; the form says so."""
+    if not raw.strip():
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        errors.append(f"{label} is not a date and time: {raw!r}")
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_filters(key: str, status: str, since: str, until: str) -> Filters:
+    errors: list[str] = []
+    key_id = None
+    if key.strip():
+        try:
+            key_id = int(key)
+        except ValueError:
+            errors.append(f"unknown key {key!r}")
+    if status and status not in STATUSES:
+        errors.append(f"unknown status {status!r}")
+        status = ""
+    query = HistoryFilter(key_id, status or None, _when(since, "From", errors), _when(until, "Until", errors))
+    return Filters(key, status, since, until, query, errors)
+
+
+@get("/history")
+async def history_page(
+    request: HTMXRequest,
+    key: FromQuery[str] = "",
+    status: FromQuery[str] = "",
+    since: FromQuery[str] = "",
+    until: FromQuery[str] = "",
+    offset: FromQuery[int] = 0,
+) -> Response[Any]:
+    services = services_of(request)
+    filters = parse_filters(key, status, since, until)
+    offset = max(offset, 0)
+    rows, total = await services.history.list(filters.query, PAGE_SIZE, offset)
+    keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
+    pages = {
+        "offset": offset,
+        "total": total,
+        "first": offset + 1 if rows else 0,
+        "last": offset + len(rows),
+        "previous": filters.url_params(offset=max(offset - PAGE_SIZE, 0)) if offset > 0 else None,
+        "next": filters.url_params(offset=offset + PAGE_SIZE) if offset + PAGE_SIZE < total else None,
+    }
+    context = page_context(
+        request,
+        "history",
+        rows=[request_view(r) for r in rows],
+        keys=keys,
+        statuses=STATUSES,
+        filters=filters,
+        pages=pages,
+        csv_url="/admin/history.csv?" + filters.url_params(),
+    )
+    return render("console/history.html", context, partial=wanted_partial(request, ("history-table",)))
+
+
+@get("/history/{request_id:str}")
+async def request_detail(request: HTMXRequest, request_id: FromPath[str]) -> Response[Any]:
+    services = services_of(request)
+    row = request_view(await services.history.get(request_id))
+    key_name = None
+    if row.key_id is not None:
+        keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
+        key_name = keys.get(row.key_id)
+    context = page_context(request, "history", row=row, key_name=key_name, store_text=services.config.store_text)
+    return render("console/request.html", context)
+
+
+def csv_cell(value: Any) -> str:
+    """Text a spreadsheet will not run: prompts and output are untrusted, and =, +, -, @ start a formula."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+CSV_COLUMNS = ("key_name", *RequestView.__struct_fields__)
+
+
+@get("/history.csv")
+async def history_csv(
+    request: HTMXRequest,
+    key: FromQuery[str] = "",
+    status: FromQuery[str] = "",
+    since: FromQuery[str] = "",
+    until: FromQuery[str] = "",
+) -> Stream:
+    services = services_of(request)
+    filters = parse_filters(key, status, since, until)
+    now = utcnow()
+    # Rows arriving during the export would shift the pages; the export ends at the moment it started.
+    query = filters.query
+    until_at = min(query.until, now) if query.until is not None else now
+    bounded = HistoryFilter(query.key_id, query.status, query.since, until_at)
+    keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
+
+    async def lines() -> AsyncIterator[str]:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(CSV_COLUMNS)
+        offset = 0
+        while True:
+            rows, _ = await services.history.list(bounded, CSV_CHUNK, offset)
+            for row in rows:
+                view = request_view(row)
+                name = keys.get(view.key_id) if view.key_id is not None else None
+                writer.writerow([csv_cell(name), *(csv_cell(getattr(view, f)) for f in RequestView.__struct_fields__)])
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+            if len(rows) < CSV_CHUNK:
+                return
+            offset += CSV_CHUNK
+
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    return Stream(
+        lines(),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="requests-{stamp}.csv"',
+            "Cache-Control": "no-store",
+        },
+    )

@@ -1,0 +1,153 @@
+"""The console's API keys page: create (the key is shown once, with a copy button), edit limits, revoke, and
+each key's usage against its quota. Every change goes through KeyService."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Response, get, post
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, FromPath
+from litestar.plugins.htmx import HTMXRequest
+from litestar.response import Redirect
+from msgspec import Struct
+
+from web.console.auth import page_context
+from web.console.render import fragment, render, wanted_partial
+from web.errors import AppError
+from web.keys.routes import key_view
+from web.keys.schemas import KeyView
+from web.keys.service import PERIODS, KeyLimits
+from web.state import Services, services_of
+
+Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
+
+
+class KeyForm(Struct, kw_only=True):
+    """The create and edit forms; empty number fields mean "no limit"."""
+
+    name: str = ""
+    max_tokens_per_request: str = ""
+    quota_tokens: str = ""
+    quota_period: str = "none"
+    max_concurrent: str = ""
+    csrf_token: str = ""
+
+
+class FormError(ValueError):
+    pass
+
+
+def _limit(raw: str, label: str) -> int | None:
+    text = raw.strip().replace(",", "").replace("_", "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise FormError(f"{label} must be a whole number, or empty for no limit") from None
+
+
+def limits_of(form: KeyForm) -> KeyLimits:
+    """Raises FormError or AppError (from KeyLimits.check) with a message for the form."""
+    limits = KeyLimits(
+        max_tokens_per_request=_limit(form.max_tokens_per_request, "Max tokens per request"),
+        quota_tokens=_limit(form.quota_tokens, "Token quota"),
+        quota_period=form.quota_period,
+        max_concurrent=_limit(form.max_concurrent, "Concurrent requests"),
+    )
+    limits.check()
+    return limits
+
+
+async def _views(services: Services) -> list[KeyView]:
+    return [key_view(services, key, usage) for key, usage in await services.keys.list_with_usage()]
+
+
+async def _view(services: Services, key_id: int) -> KeyView:
+    key, usage = await services.keys.get_with_usage(key_id)
+    return key_view(services, key, usage)
+
+
+def _is_htmx(request: HTMXRequest) -> bool:
+    return bool(request.htmx)
+
+
+def _create_partial(request: HTMXRequest) -> str | None:
+    """The create form answers htmx with its own section (and the list out of band), a plain post with the page."""
+    return "key-create" if _is_htmx(request) else None
+
+
+def _page(
+    request: HTMXRequest,
+    views: list[KeyView],
+    form: KeyForm,
+    *,
+    error: str | None = None,
+    created: dict[str, Any] | None = None,
+    oob: bool = False,
+) -> dict[str, Any]:
+    return page_context(request, "keys", keys=views, periods=PERIODS, form=form, error=error, created=created, oob=oob)
+
+
+@get("/keys")
+async def keys_page(request: HTMXRequest) -> Response[Any]:
+    services = services_of(request)
+    context = _page(request, await _views(services), KeyForm())
+    return render("console/keys.html", context, partial=wanted_partial(request, ("keys-list",)))
+
+
+@post("/keys")
+async def create_key(request: HTMXRequest, data: Form) -> Response[Any]:
+    services = services_of(request)
+    try:
+        info, secret = await services.keys.create(data.name, limits_of(data))
+    except (FormError, AppError) as exc:
+        message = exc.message if isinstance(exc, AppError) else str(exc)
+        context = _page(request, await _views(services), data, error=message)
+        return render("console/keys.html", context, partial=_create_partial(request), status_code=422)
+    created = {"key": secret, "view": await _view(services, info.id)}
+    context = _page(request, await _views(services), KeyForm(), created=created, oob=_is_htmx(request))
+    return render("console/keys.html", context, partial=_create_partial(request), status_code=201)
+
+
+@get("/keys/{key_id:int}")
+async def key_card(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
+    if not _is_htmx(request):
+        return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
+    context = page_context(request, "keys", key=await _view(services_of(request), key_id))
+    return fragment("key-card", context)
+
+
+@get("/keys/{key_id:int}/edit")
+async def edit_key_form(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
+    if not _is_htmx(request):
+        return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
+    context = page_context(
+        request, "keys", key=await _view(services_of(request), key_id), periods=PERIODS, error=None, form=None
+    )
+    return fragment("key-edit", context)
+
+
+@post("/keys/{key_id:int}")
+async def update_key(request: HTMXRequest, key_id: FromPath[int], data: Form) -> Response[Any]:
+    services = services_of(request)
+    try:
+        await services.keys.update(key_id, data.name, limits_of(data))
+    except (FormError, AppError) as exc:
+        message = exc.message if isinstance(exc, AppError) else str(exc)
+        view = await _view(services, key_id)
+        context = page_context(request, "keys", key=view, periods=PERIODS, error=message, form=data)
+        return fragment("key-edit", context, status_code=422)
+    if not _is_htmx(request):
+        return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
+    return fragment("key-card", page_context(request, "keys", key=await _view(services, key_id)))
+
+
+@post("/keys/{key_id:int}/revoke")
+async def revoke_key(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
+    services = services_of(request)
+    await services.keys.revoke(key_id)
+    if not _is_htmx(request):
+        return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
+    return fragment("key-card", page_context(request, "keys", key=await _view(services, key_id)))

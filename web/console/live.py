@@ -1,0 +1,123 @@
+"""The live panel's numbers from the engine's in-memory stats snapshot: engine state, the memory headroom split,
+KV use, queue and latency percentiles, throughput from counter deltas between polls."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine import EngineStats
+from web.state import Services
+from web.system.metrics import percentile
+
+THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(slots=True)
+class ThroughputMeter:
+    """Generated tokens per second over the last few polls, from the engine's monotonic token counter."""
+
+    clock: Callable[[], float] = time.monotonic
+    window_s: float = THROUGHPUT_WINDOW_S
+    _points: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def observe(self, generated_total: int) -> float | None:
+        now = self.clock()
+        points = self._points
+        if points and generated_total < points[-1][1]:  # the engine restarted: its counters began again
+            points.clear()
+        while points and now - points[0][0] > 3 * self.window_s:  # nobody polled for a while: start afresh
+            points.popleft()
+        points.append((now, generated_total))
+        while len(points) > 2 and now - points[1][0] >= self.window_s:
+            points.popleft()
+        (t0, n0), (t1, n1) = points[0], points[-1]
+        return (n1 - n0) / (t1 - t0) if t1 - t0 >= 0.5 else None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    label: str  # loading | ready | draining | down
+    reason: str
+    model: str | None
+
+
+def engine_state(services: Services) -> EngineState:
+    ready, reason = services.readiness()
+    state = services.client.state
+    if services.draining or state == "stopping":
+        label = "draining"
+    elif ready:
+        label = "ready"
+    elif state in ("loading", "stopped") and services.engine_start_error is None:
+        label = "loading"
+    else:
+        label = "down"
+    return EngineState(label, reason, services.model_name)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    key: str
+    label: str
+    bytes: int
+    start: float  # fraction of the total where the segment begins
+    width: float  # fraction of the total
+
+
+def memory_segments(s: EngineStats) -> list[Segment]:
+    """The device memory split: weights, KV in use, the KV pool's unused rest, other use, free."""
+    total = max(s.device_memory_total, 1)
+    kv_used = int(s.kv_pool_bytes * s.kv_usage)
+    free = max(min(s.device_memory_free, total), 0)
+    other = max(total - free - s.weights_bytes - s.kv_pool_bytes, 0)
+    parts = [
+        ("weights", "model weights", s.weights_bytes),
+        ("kv-used", "KV in use", kv_used),
+        ("kv-pool", "KV pool, unused", s.kv_pool_bytes - kv_used),
+        ("other", "other use", other),
+        ("free", "free", free),
+    ]
+    segments, start = [], 0.0
+    for key, label, size in parts:
+        width = min(size / total, max(1.0 - start, 0.0))
+        segments.append(Segment(key, label, size, start, width))
+        start += width
+    return segments
+
+
+@dataclass(frozen=True, slots=True)
+class LiveView:
+    stats: EngineStats | None
+    memory_kind: str
+    segments: list[Segment]
+    kv_usage: float | None
+    queue_wait_p50: float | None
+    queue_wait_p95: float | None
+    ttft_p50: float | None
+    ttft_p95: float | None
+    tokens_per_s: float | None
+    prefix_hit_rate: float | None
+    in_flight: int
+
+
+def live_view(services: Services, meter: ThroughputMeter | None = None) -> LiveView:
+    """`meter` is given by the one partial that owns throughput, so each poll counts once."""
+    s = services.client.stats()
+    if s is None:
+        return LiveView(None, "memory", [], None, None, None, None, None, None, None, len(services.live))
+    return LiveView(
+        stats=s,
+        memory_kind=s.memory_kind,
+        segments=memory_segments(s),
+        kv_usage=s.kv_usage,
+        queue_wait_p50=percentile(s.recent_queue_wait, 0.5),
+        queue_wait_p95=percentile(s.recent_queue_wait, 0.95),
+        ttft_p50=percentile(s.recent_ttft, 0.5),
+        ttft_p95=percentile(s.recent_ttft, 0.95),
+        tokens_per_s=meter.observe(s.generation_tokens_total) if meter is not None else None,
+        prefix_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None,
+        in_flight=len(services.live),
+    )

@@ -1,0 +1,1 @@
+"""One request's path through the engine: admission (quota, history row), the stream, the drain."""

@@ -1,0 +1,1 @@
+"""The request history: one row per request, written in batches, queried by the admin API."""

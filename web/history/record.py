@@ -1,0 +1,133 @@
+"""One request's history as it happens: what admission knew, what the engine reported, and the row it becomes.
+
+Engine timings are monotonic seconds; they become UTC wall-clock times through the offset taken at arrival.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, insert, update
+
+from engine import Timings, Usage
+from web.models import RequestRecord
+
+_requests = cast(Table, RequestRecord.__table__)
+INSERT_REQUEST = insert(_requests)
+_FINAL_COLUMNS = (
+    "status", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "admitted_at",
+    "first_token_at", "finished_at", "queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "error", "response_text",
+)  # fmt: skip
+# Bound names differ from column names: SQLAlchemy reserves a column's own name for its SET value.
+FINALIZE_REQUEST = (
+    update(_requests)
+    .where(_requests.c.id == bindparam("rid"))
+    .values({name: bindparam("v_" + name, type_=_requests.c[name].type) for name in _FINAL_COLUMNS})
+    .values(reserved_tokens=0)
+)
+MARK_RUNNING = (
+    update(_requests)
+    .where(_requests.c.id == bindparam("rid"), _requests.c.status == "queued")
+    .values(
+        status="running",
+        admitted_at=bindparam("admitted", type_=_requests.c.admitted_at.type),
+        first_token_at=bindparam("first", type_=_requests.c.first_token_at.type),
+    )
+)
+
+TERMINAL = ("finished", "cancelled", "rejected", "failed", "interrupted")
+STATUSES = ("queued", "running", *TERMINAL)
+
+
+@dataclass(slots=True)
+class RequestLog:
+    id: str
+    key_id: int | None
+    model: str
+    endpoint: str
+    stream: bool
+    arrival_at: datetime  # wall clock, UTC
+    arrival_mono: float  # the same instant on time.monotonic(), shared with the engine process
+    client_addr: str | None = None
+    user: str | None = None
+    max_tokens_requested: int | None = None
+    max_tokens_applied: int | None = None
+    prompt_tokens: int = 0
+    reserved_tokens: int = 0
+    prompt_text: str | None = None
+    status: str = "queued"
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    scheduled_mono: float | None = None
+    first_token_mono: float | None = None
+    finished_mono: float | None = None
+    error: str | None = None
+    response_text: str | None = None
+
+    def wall(self, mono: float | None) -> datetime | None:
+        return None if mono is None else self.arrival_at + timedelta(seconds=mono - self.arrival_mono)
+
+    def apply_engine_result(self, usage: Usage | None, timings: Timings | None) -> None:
+        """Take the engine's own counts and timestamps, which are more exact than what the server observed."""
+        if usage is not None:
+            self.prompt_tokens = usage.prompt_tokens
+            self.completion_tokens = usage.completion_tokens
+            self.cached_tokens = usage.cached_prompt_tokens
+        if timings is not None:
+            self.scheduled_mono = timings.scheduled
+            self.first_token_mono = timings.first_token or self.first_token_mono
+            self.finished_mono = timings.finished or self.finished_mono
+
+    @property
+    def charged_tokens(self) -> int:
+        """Prompt tokens count once the engine produced output for the request; generated tokens always."""
+        prompt = self.prompt_tokens if self.first_token_mono is not None or self.completion_tokens else 0
+        return prompt + self.completion_tokens
+
+    def queued_values(self, finished_at: datetime | None = None) -> dict[str, Any]:
+        """The row as admission writes it (INSERT_REQUEST's parameters)."""
+        return {
+            "id": self.id,
+            "key_id": self.key_id,
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "stream": self.stream,
+            "status": self.status,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+            "max_tokens_requested": self.max_tokens_requested,
+            "max_tokens_applied": self.max_tokens_applied,
+            "reserved_tokens": self.reserved_tokens,
+            "arrival_at": self.arrival_at,
+            "finished_at": finished_at,
+            "client_addr": self.client_addr,
+            "user": self.user,
+            "error": self.error,
+            "prompt_text": self.prompt_text,
+        }
+
+    def final_values(self) -> dict[str, Any]:
+        """FINALIZE_REQUEST's parameters: the columns written when the request ends, with derived latencies."""
+        first, finished, scheduled = self.first_token_mono, self.finished_mono, self.scheduled_mono
+        n = self.completion_tokens
+        values = {
+            "status": self.status,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": n,
+            "cached_tokens": self.cached_tokens,
+            "admitted_at": self.wall(scheduled),
+            "first_token_at": self.wall(first),
+            "finished_at": self.wall(finished),
+            "queue_wait_s": None if scheduled is None else scheduled - self.arrival_mono,
+            "ttft_s": None if first is None else first - self.arrival_mono,
+            "tpot_s": None if first is None or finished is None or n < 2 else (finished - first) / (n - 1),
+            "e2e_s": None if finished is None else finished - self.arrival_mono,
+            "error": self.error,
+            "response_text": self.response_text,
+        }
+        return {"v_" + k: v for k, v in values.items()} | {"rid": self.id}

@@ -1,0 +1,92 @@
+"""Admin JSON API for the request history: filtered, paginated list and one request's detail."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from litestar import Request, Router, get
+from litestar.params import FromPath, FromQuery, QueryParameter
+from msgspec import Struct
+
+from web.errors import InvalidRequest
+from web.history.record import STATUSES
+from web.history.service import HistoryFilter
+from web.models import RequestRecord
+from web.state import services_of
+from web.system.admin_auth import admin_guard
+
+AnyRequest = Request[Any, Any, Any]
+MAX_PAGE = 500
+
+
+class RequestView(Struct):
+    id: str
+    key_id: int | None
+    model: str
+    endpoint: str
+    stream: bool
+    status: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    max_tokens_requested: int | None
+    max_tokens_applied: int | None
+    arrival_at: datetime
+    admitted_at: datetime | None
+    first_token_at: datetime | None
+    finished_at: datetime | None
+    queue_wait_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    client_addr: str | None
+    user: str | None
+    error: str | None
+    prompt_text: str | None
+    response_text: str | None
+
+
+class RequestPage(Struct):
+    data: list[RequestView]
+    total: int
+    limit: int
+    offset: int
+
+
+def request_view(row: RequestRecord) -> RequestView:
+    return RequestView(**{name: getattr(row, name) for name in RequestView.__struct_fields__})
+
+
+def _aware(value: datetime | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise InvalidRequest(f"{name} needs a time zone (e.g. 2026-01-31T12:00:00Z)", param=name)
+    return value.astimezone(UTC)
+
+
+@get("/")
+async def list_requests(
+    request: AnyRequest,
+    key_id: FromQuery[int | None] = None,
+    status: FromQuery[str | None] = None,
+    since: FromQuery[datetime | None] = None,
+    until: FromQuery[datetime | None] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
+    offset: Annotated[int, QueryParameter(ge=0)] = 0,
+) -> RequestPage:
+    if status is not None and status not in STATUSES:
+        raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
+    filters = HistoryFilter(key_id, status, _aware(since, "since"), _aware(until, "until"))
+    rows, total = await services_of(request).history.list(filters, limit, offset)
+    return RequestPage([request_view(r) for r in rows], total, limit, offset)
+
+
+@get("/{request_id:str}")
+async def get_request(request: AnyRequest, request_id: FromPath[str]) -> RequestView:
+    return request_view(await services_of(request).history.get(request_id))
+
+
+history_router = Router(path="/admin/api/requests", route_handlers=[list_requests, get_request], guards=[admin_guard])

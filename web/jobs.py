@@ -1,0 +1,93 @@
+"""Background jobs on APScheduler 3's AsyncIOScheduler, started and stopped with the app: quota rollover,
+history and sample retention, and the 5-second engine sampler that feeds the console's charts."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from engine import EngineStats
+from web.models import EngineSample, utcnow
+from web.state import Services
+from web.system.metrics import percentile
+
+log = logging.getLogger("web.jobs")
+
+
+class Sampler:
+    """Turns engine snapshots into stored samples; tokens/s comes from the counter delta between two."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._previous: EngineStats | None = None
+
+    def build(self, now: datetime) -> EngineSample | None:
+        s = self.services.client.stats()
+        waits = self.services.metrics.take_queue_waits()
+        if s is None:
+            return None
+        prev, self._previous = self._previous, s
+        tokens_per_s, preemptions = 0.0, 0
+        # The counters restart with the engine process: a drop means a restart, not negative work.
+        restarted = prev is None or s.generation_tokens_total < prev.generation_tokens_total
+        if prev is not None and not restarted and s.time > prev.time:
+            tokens_per_s = (s.generation_tokens_total - prev.generation_tokens_total) / (s.time - prev.time)
+            preemptions = max(s.preemptions_total - prev.preemptions_total, 0)
+        return EngineSample(
+            at=now,
+            running=s.running,
+            waiting=s.waiting,
+            kv_usage=s.kv_usage,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            memory_kind=s.memory_kind,
+            memory_total_bytes=s.device_memory_total,
+            memory_free_bytes=s.device_memory_free,
+            weights_bytes=s.weights_bytes,
+            kv_pool_bytes=s.kv_pool_bytes,
+            queue_wait_p95_s=percentile(waits, 0.95),
+            tokens_per_s=tokens_per_s,
+            preemptions=preemptions,
+        )
+
+    async def run(self) -> None:
+        sample = self.build(utcnow())
+        if sample is None:
+            return
+        async with self.services.sessions.begin() as session:
+            session.add(sample)
+
+
+class Jobs:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.sampler = Sampler(services)
+        self.scheduler = AsyncIOScheduler(timezone=UTC)
+
+    def start(self) -> None:
+        config = self.services.config
+        soon = datetime.now(UTC) + timedelta(seconds=1)
+        common = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 60}
+        self.scheduler.add_job(self.roll_over, "interval", minutes=1, next_run_time=soon, id="quota-rollover", **common)
+        self.scheduler.add_job(self.prune, "interval", hours=1, next_run_time=soon, id="retention", **common)
+        self.scheduler.add_job(
+            self.sampler.run, "interval", seconds=config.sample_interval, id="engine-sampler", **common
+        )
+        self.scheduler.start()
+
+    def shutdown(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+
+    async def roll_over(self) -> None:
+        count = await self.services.keys.roll_over_all()
+        if count:
+            log.info("quota period rolled over for %d key(s)", count)
+
+    async def prune(self) -> None:
+        config = self.services.config
+        rows, samples = await self.services.history.prune(config.history_retention_days, config.sample_retention_days)
+        if rows or samples:
+            log.info("retention: deleted %d request row(s) and %d sample(s)", rows, samples)

@@ -1,0 +1,1 @@
+"""API keys and token quotas: storage, authentication, reservation and settlement, the admin API."""

@@ -1,0 +1,30 @@
+"""Per-key cap on concurrent requests, kept in memory: the appliance is a single process."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from web.errors import RateLimited
+
+
+class ConcurrencyLimiter:
+    def __init__(self) -> None:
+        self._in_flight: defaultdict[int, int] = defaultdict(int)
+
+    def acquire(self, key_id: int, cap: int | None) -> None:
+        """Count one more request of this key, or raise 429 when it already has `cap` in flight."""
+        if cap is not None and self._in_flight[key_id] >= cap:
+            raise RateLimited(
+                f"this API key allows at most {cap} concurrent request(s); wait for one to finish and retry"
+            )
+        self._in_flight[key_id] += 1
+
+    def release(self, key_id: int) -> None:
+        left = self._in_flight[key_id] - 1
+        if left > 0:
+            self._in_flight[key_id] = left
+        else:
+            self._in_flight.pop(key_id, None)
+
+    def in_flight(self, key_id: int) -> int:
+        return self._in_flight.get(key_id, 0)

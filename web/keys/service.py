@@ -1,0 +1,224 @@
+"""API keys and their token quotas: creation (shown once, stored hashed), authentication, atomic reservation
+against the remaining quota, settlement to actual usage, and period rollover."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, bindparam, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from web.errors import AuthenticationFailed, InvalidRequest, NotFound
+from web.keys.quota import ROLL
+from web.models import ApiKey, KeyUsage, utcnow
+
+KEY_PREFIX = "sk-"
+VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
+PERIODS = ("day", "week", "month", "none")
+_BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """sha256 is right here: keys carry 256 random bits, so no stretching is needed against guessing."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def period_start(period: str, now: datetime, created_at: datetime) -> datetime:
+    """Start of the quota period that contains `now` (UTC calendar: day, ISO week from Monday, month)."""
+    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        return day
+    if period == "week":
+        return day - timedelta(days=day.weekday())
+    if period == "month":
+        return day.replace(day=1)
+    return created_at
+
+
+def next_period_start(period: str, start: datetime) -> datetime | None:
+    if period == "day":
+        return start + timedelta(days=1)
+    if period == "week":
+        return start + timedelta(days=7)
+    if period == "month":
+        return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What a request needs to know about its key; a plain snapshot, detached from any session."""
+
+    id: int
+    name: str
+    prefix: str
+    max_tokens_per_request: int | None
+    quota_tokens: int | None
+    quota_period: str
+    max_concurrent: int | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, row: ApiKey | Row[Any]) -> KeyInfo:
+        return cls(
+            row.id,
+            row.name,
+            row.prefix,
+            row.max_tokens_per_request,
+            row.quota_tokens,
+            row.quota_period,
+            row.max_concurrent,
+            row.created_at,
+            row.revoked_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """The admin-settable limits of a key; None means no limit."""
+
+    max_tokens_per_request: int | None = None
+    quota_tokens: int | None = None
+    quota_period: str = "none"
+    max_concurrent: int | None = None
+
+    def check(self) -> None:
+        if self.quota_period not in PERIODS:
+            raise InvalidRequest(f"quota_period must be one of {', '.join(PERIODS)}", param="quota_period")
+        for name in ("max_tokens_per_request", "quota_tokens", "max_concurrent"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidRequest(f"{name} must be at least 1 (or null for no limit)", param=name)
+
+
+class KeyService:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], db: AsyncEngine) -> None:
+        self.sessions = sessions
+        self.db = db
+
+    async def authenticate(self, presented: str | None) -> KeyInfo:
+        if not presented:
+            raise AuthenticationFailed(
+                "missing API key: send it as 'Authorization: Bearer sk-...'", code="missing_api_key"
+            )
+        digest = hash_key(presented)
+        async with self.db.connect() as conn:  # Core, not a session: this runs on every request
+            row = (await conn.execute(_BY_HASH, {"digest": digest})).first()
+        if row is None or not hmac.compare_digest(row.key_hash, digest):
+            raise AuthenticationFailed("incorrect API key provided")
+        if row.revoked_at is not None:
+            raise AuthenticationFailed("this API key has been revoked", code="revoked_api_key")
+        return KeyInfo.of(row)
+
+    async def create(self, name: str, limits: KeyLimits) -> tuple[KeyInfo, str]:
+        """Returns the key's info and the key itself, which is never available again."""
+        limits.check()
+        if not name.strip():
+            raise InvalidRequest("name must not be blank", param="name")
+        key, now = generate_key(), utcnow()
+        row = ApiKey(
+            name=name.strip(),
+            prefix=key[:VISIBLE_CHARS],
+            key_hash=hash_key(key),
+            created_at=now,
+            max_tokens_per_request=limits.max_tokens_per_request,
+            quota_tokens=limits.quota_tokens,
+            quota_period=limits.quota_period,
+            max_concurrent=limits.max_concurrent,
+        )
+        async with self.sessions.begin() as session:
+            session.add(row)
+            await session.flush()
+            start = period_start(limits.quota_period, now, now)
+            session.add(KeyUsage(key_id=row.id, period_start=start, used_tokens=0, reserved_tokens=0))
+        return KeyInfo.of(row), key
+
+    async def update(self, key_id: int, name: str | None, limits: KeyLimits) -> KeyInfo:
+        limits.check()
+        async with self.sessions.begin() as session:
+            row = await self._get(session, key_id)
+            if name is not None:
+                if not name.strip():
+                    raise InvalidRequest("name must not be blank", param="name")
+                row.name = name.strip()
+            if row.quota_period != limits.quota_period:
+                # A new period kind starts counting afresh.
+                now = utcnow()
+                await session.execute(
+                    update(KeyUsage)
+                    .where(KeyUsage.key_id == key_id)
+                    .values(used_tokens=0, period_start=period_start(limits.quota_period, now, now))
+                )
+            row.max_tokens_per_request = limits.max_tokens_per_request
+            row.quota_tokens = limits.quota_tokens
+            row.quota_period = limits.quota_period
+            row.max_concurrent = limits.max_concurrent
+        return KeyInfo.of(row)
+
+    async def revoke(self, key_id: int) -> KeyInfo:
+        async with self.sessions.begin() as session:
+            row = await self._get(session, key_id)
+            if row.revoked_at is None:
+                row.revoked_at = utcnow()
+        return KeyInfo.of(row)
+
+    async def delete(self, key_id: int) -> None:
+        async with self.sessions.begin() as session:
+            result = await session.execute(delete(ApiKey).where(ApiKey.id == key_id))
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise NotFound(f"no API key with id {key_id}", param="key_id")
+
+    async def list_with_usage(self) -> list[tuple[KeyInfo, KeyUsage | None]]:
+        async with self.sessions() as session:
+            rows = await session.execute(
+                select(ApiKey, KeyUsage).outerjoin(KeyUsage, KeyUsage.key_id == ApiKey.id).order_by(ApiKey.id)
+            )
+            return [(KeyInfo.of(key), usage) for key, usage in rows]
+
+    async def get_with_usage(self, key_id: int) -> tuple[KeyInfo, KeyUsage | None]:
+        async with self.sessions() as session:
+            row = await self._get(session, key_id)
+            usage = await session.get(KeyUsage, key_id)
+            return KeyInfo.of(row), usage
+
+    async def _get(self, session: AsyncSession, key_id: int) -> ApiKey:
+        row = await session.get(ApiKey, key_id)
+        if row is None:
+            raise NotFound(f"no API key with id {key_id}", param="key_id")
+        return row
+
+    # -- quota: remaining, roll over, recovery -------------------------------------------------------
+
+    async def remaining(self, key: KeyInfo) -> int | None:
+        if key.quota_tokens is None:
+            return None
+        async with self.sessions() as session:
+            usage = await session.get(KeyUsage, key.id)
+        if usage is None:
+            return key.quota_tokens
+        return max(key.quota_tokens - usage.used_tokens - usage.reserved_tokens, 0)
+
+    async def roll_over_all(self, now: datetime | None = None) -> int:
+        """Reset every key whose quota period has ended; returns how many were reset."""
+        now = now or utcnow()
+        count = 0
+        async with self.sessions.begin() as session:
+            for period in ("day", "week", "month"):
+                result = await session.execute(ROLL, {"period": period, "start": period_start(period, now, now)})
+                count += result.rowcount  # type: ignore[attr-defined]
+        return count
+
+    async def release_all_reservations(self) -> None:
+        """At start-up nothing is in flight: reservations left by a crash are released."""
+        async with self.sessions.begin() as session:
+            await session.execute(update(KeyUsage).where(KeyUsage.reserved_tokens != 0).values(reserved_tokens=0))

@@ -1,0 +1,155 @@
+"""The SQLite tables: API keys and their quota state, the request history, engine samples, the admin credential."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out; SQLite itself keeps naive ISO text."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; pass an aware UTC datetime")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    # Named constraints: Alembic's SQLite batch mode can only drop or alter what has a name.
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class ApiKey(Base):
+    """A key is shown once; only its sha256 and a short visible prefix are kept."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
+    quota_tokens: Mapped[int | None] = mapped_column(Integer)
+    quota_period: Mapped[str] = mapped_column(String(8))  # day | week | month | none
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+
+
+class KeyUsage(Base):
+    """Quota state of one key in its current period; reserved covers requests in flight."""
+
+    __tablename__ = "key_usage"
+
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    total_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    total_requests: Mapped[int] = mapped_column(Integer, default=0)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class RequestRecord(Base):
+    """One row per request that passed authentication; it always reaches a terminal status."""
+
+    __tablename__ = "requests"
+    __table_args__ = (
+        Index("ix_requests_arrival_at", "arrival_at"),
+        Index("ix_requests_key_id_arrival_at", "key_id", "arrival_at"),
+        Index("ix_requests_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    model: Mapped[str] = mapped_column(String(200))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    max_tokens_requested: Mapped[int | None] = mapped_column(Integer)
+    max_tokens_applied: Mapped[int | None] = mapped_column(Integer)
+    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    arrival_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    queue_wait_s: Mapped[float | None] = mapped_column(Float)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    tpot_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    client_addr: Mapped[str | None] = mapped_column(String(64))
+    user: Mapped[str | None] = mapped_column(String(256))
+    error: Mapped[str | None] = mapped_column(Text)
+    prompt_text: Mapped[str | None] = mapped_column(Text)
+    response_text: Mapped[str | None] = mapped_column(Text)
+
+
+class EngineSample(Base):
+    """A 5-second snapshot of the engine for the console's charts; pruned after a week."""
+
+    __tablename__ = "engine_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    running: Mapped[int] = mapped_column(Integer)
+    waiting: Mapped[int] = mapped_column(Integer)
+    kv_usage: Mapped[float] = mapped_column(Float)
+    kv_blocks_used: Mapped[int] = mapped_column(Integer)
+    kv_blocks_total: Mapped[int] = mapped_column(Integer)
+    memory_kind: Mapped[str] = mapped_column(String(8))
+    memory_total_bytes: Mapped[int] = mapped_column(Integer)
+    memory_free_bytes: Mapped[int] = mapped_column(Integer)
+    weights_bytes: Mapped[int] = mapped_column(Integer)
+    kv_pool_bytes: Mapped[int] = mapped_column(Integer)
+    queue_wait_p95_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # in this sample's window
+
+
+class AdminCredential(Base):
+    """The admin's scrypt password hash; seeded once from the admin_password setting."""
+
+    __tablename__ = "admin_credentials"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(256))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,152 @@
+"""Serving an admitted Generation the OpenAI way: one JSON body, or Server-Sent Events ending in [DONE]."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from engine import Logprob, RequestOutput
+from web.errors import AppError
+from web.generation.disconnect import ClientDisconnected, unless_disconnected
+from web.generation.run import Generation
+from web.openai import formatting as fmt
+from web.openai.schemas import Completion, Delta, UsageBody, encoder
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
+
+
+@dataclass(slots=True)
+class Collected:
+    text: str
+    logprobs: list[Logprob] | None
+    final: RequestOutput
+
+
+def usage_of(generation: Generation) -> UsageBody:
+    log = generation.log
+    return fmt.usage_body(log.prompt_tokens, log.completion_tokens)
+
+
+async def collect(request: Request[Any, Any, Any], generation: Generation) -> Collected:
+    """Run a non-streamed request to its end; a client that leaves meanwhile aborts it."""
+
+    async def run() -> Collected:
+        first = await generation.first()
+        parts, logprobs = [first.text], list(first.logprobs) if first.logprobs is not None else None
+        async for out in generation:
+            parts.append(out.text)
+            if out.logprobs is not None:
+                logprobs = (logprobs or []) + out.logprobs
+        assert generation.final is not None
+        return Collected("".join(parts), logprobs, generation.final)
+
+    try:
+        collected = await unless_disconnected(request.receive, run())
+    finally:
+        await generation.close()
+    if collected.final.finish_reason == "abort":
+        raise generation.error_for_abort()
+    return collected
+
+
+async def start_stream(
+    request: Request[Any, Any, Any],
+    generation: Generation,
+    frames: Callable[[RequestOutput, bool], list[bytes]],
+    closing: Callable[[], list[bytes]],
+) -> Response[Any]:
+    """Wait for the first delta (so refusals still get their HTTP status), then stream SSE frames.
+
+    `frames(out, is_first)` turns a delta into SSE frames; `closing()` gives the frames after the last delta."""
+    try:
+        first = await unless_disconnected(request.receive, generation.first())
+    except ClientDisconnected:
+        await generation.close()
+        return Response(b"", status_code=CLIENT_CLOSED)
+
+    async def events() -> AsyncIterator[bytes]:
+        # One write per delta: each write is a syscall (and a wake-up of the client), the main cost per token.
+        try:
+            yield b"".join(frames(first, True))
+            async for out in generation:
+                if data := b"".join(frames(out, False)):
+                    yield data
+            await generation.close()  # quota settled before [DONE]: the client's next request sees it
+            if generation.final is not None and generation.final.finish_reason == "abort":
+                yield fmt.sse_error(generation.error_for_abort())
+            else:
+                yield b"".join([*closing(), fmt.DONE])
+        except AppError as exc:  # the engine died mid-stream: the status line is long gone, say it in-band
+            yield fmt.sse_error(exc)
+        finally:
+            # A disconnect cancels this generator's scope; shield the finalization from that cancellation.
+            with anyio.CancelScope(shield=True):
+                await generation.close()
+
+    # The background task runs after the body even when a disconnect interrupted it mid-send, where the
+    # generator above may be left suspended; close() is idempotent.
+    return Stream(
+        events(),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(generation.close),
+    )
+
+
+def created_now() -> int:
+    return int(time.time())
+
+
+class ChatFrames:
+    """SSE frames of one chat completion stream."""
+
+    def __init__(self, generation: Generation, rid: str, model: str, include_usage: bool) -> None:
+        self.generation, self.rid, self.model, self.include_usage = generation, rid, model, include_usage
+        self.created = created_now()
+
+    def frames(self, out: RequestOutput, is_first: bool) -> list[bytes]:
+        frames = []
+        if is_first or out.text or out.logprobs:
+            delta = Delta(role="assistant", content=out.text) if is_first else Delta(content=out.text)
+            chunk = fmt.chat_chunk(self.rid, self.created, self.model, delta, out.logprobs, None)
+            frames.append(b"data: " + encoder.encode(chunk) + b"\n\n")
+        if out.finished and out.finish_reason != "abort":
+            end = fmt.chat_chunk(self.rid, self.created, self.model, Delta(), None, out.finish_reason)
+            frames.append(fmt.sse(end))
+        return frames
+
+    def closing(self) -> list[bytes]:
+        if not self.include_usage:
+            return []
+        return [fmt.sse(fmt.chat_usage_chunk(self.rid, self.created, self.model, usage_of(self.generation)))]
+
+
+class CompletionFrames:
+    """SSE frames of one text completion stream."""
+
+    def __init__(self, generation: Generation, rid: str, model: str, include_usage: bool) -> None:
+        self.generation, self.rid, self.model, self.include_usage = generation, rid, model, include_usage
+        self.created = created_now()
+        self.offset = 0
+
+    def frames(self, out: RequestOutput, is_first: bool) -> list[bytes]:
+        reason = out.finish_reason if out.finished and out.finish_reason != "abort" else None
+        if not (out.text or out.logprobs or reason):
+            return []
+        logprobs = fmt.completion_logprobs(out.logprobs, self.offset)
+        self.offset += len(out.text)
+        return [fmt.sse(fmt.completion(self.rid, self.created, self.model, out.text, logprobs, reason, None))]
+
+    def closing(self) -> list[bytes]:
+        if not self.include_usage:
+            return []
+        usage = usage_of(self.generation)
+        return [fmt.sse(Completion(self.rid, self.created, self.model, [], usage=usage))]

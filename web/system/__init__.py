@@ -1,0 +1,1 @@
+"""Health, readiness, Prometheus metrics, the admin credential and the live stats API."""

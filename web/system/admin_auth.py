@@ -1,0 +1,132 @@
+"""The admin credential: a scrypt hash in the database, seeded once from the admin_password setting, checked
+from HTTP Basic (admin:<password>); /metrics also accepts a dedicated bearer token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from web.errors import AdminAuthRequired, InvalidRequest
+from web.models import AdminCredential, utcnow
+from web.state import services_of
+
+ADMIN_USER = "admin"
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+MIN_PASSWORD_CHARS = 8
+
+
+def hash_password(password: str) -> str:
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
+    b64 = base64.b64encode
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def verify_password(password: str, stored: str) -> bool:
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        expected = base64.b64decode(digest)
+        actual = hashlib.scrypt(
+            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
+        )
+    except (ValueError, binascii.Error):
+        return False
+    return hmac.compare_digest(actual, expected)
+
+
+class AdminAuth:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], metrics_token: str | None) -> None:
+        self.sessions = sessions
+        self._metrics_token = metrics_token
+        # scrypt costs ~50 ms by design; a console polling every 2 s should not pay it each time. Remember
+        # sha256(stored hash + password) of successful checks; a new password changes the stored hash.
+        self._verified: set[str] = set()
+
+    async def seed(self, password: str | None) -> bool:
+        """Store the first credential if none exists; later starts ignore the setting."""
+        async with self.sessions() as session:
+            exists = await session.scalar(select(AdminCredential.id).where(AdminCredential.username == ADMIN_USER))
+        if exists is not None or not password:
+            return False
+        await self.set_password(password)
+        return True
+
+    async def set_password(self, password: str) -> None:
+        if len(password) < MIN_PASSWORD_CHARS:
+            raise InvalidRequest(f"the admin password needs at least {MIN_PASSWORD_CHARS} characters")
+        hashed = await asyncio.to_thread(hash_password, password)
+        async with self.sessions.begin() as session:
+            row = await session.scalar(select(AdminCredential).where(AdminCredential.username == ADMIN_USER))
+            if row is None:
+                session.add(AdminCredential(username=ADMIN_USER, password_hash=hashed, updated_at=utcnow()))
+            else:
+                row.password_hash, row.updated_at = hashed, utcnow()
+        self._verified.clear()
+
+    async def configured(self) -> bool:
+        """Whether an admin credential exists (the console tells "not set up" from "wrong password")."""
+        return await self._stored_hash() is not None
+
+    async def verify(self, username: str, password: str) -> bool:
+        """The scrypt check of a user name and password (remembered once it succeeded, see __init__)."""
+        stored = await self._stored_hash()
+        if stored is None:
+            return False
+        memo = hashlib.sha256(f"{stored}\0{password}".encode()).hexdigest()
+        user_ok = hmac.compare_digest(username.encode(), ADMIN_USER.encode())
+        if memo in self._verified:
+            return user_ok
+        if not await asyncio.to_thread(verify_password, password, stored):
+            return False
+        self._verified.add(memo)
+        return user_ok
+
+    async def check_admin(self, authorization: str | None) -> None:
+        """Raise AdminAuthRequired unless the header carries the admin's Basic credential."""
+        if not authorization or not authorization[:6].lower() == "basic ":
+            raise AdminAuthRequired("admin credential required (HTTP Basic, user 'admin')")
+        try:
+            user, _, password = base64.b64decode(authorization[6:].strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            raise AdminAuthRequired("malformed Basic credential") from None
+        if not await self.configured():
+            raise AdminAuthRequired(
+                "no admin credential is configured: set APPLIANCE_ADMIN_PASSWORD before the first start, "
+                "or run `appliance set-admin-password`"
+            )
+        if not await self.verify(user, password):
+            raise AdminAuthRequired("incorrect admin credential")
+
+    async def _stored_hash(self) -> str | None:
+        async with self.sessions() as session:
+            return await session.scalar(
+                select(AdminCredential.password_hash).where(AdminCredential.username == ADMIN_USER)
+            )
+
+    async def check_metrics(self, authorization: str | None) -> None:
+        """/metrics: the metrics bearer token, or the admin credential."""
+        if authorization and authorization[:7].lower() == "bearer " and self._metrics_token:
+            if hmac.compare_digest(authorization[7:].strip().encode(), self._metrics_token.encode()):
+                return
+            raise AdminAuthRequired("incorrect metrics token")
+        await self.check_admin(authorization)
+
+
+async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    await services_of(connection).admin.check_admin(connection.headers.get("authorization"))
+
+
+async def metrics_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    await services_of(connection).admin.check_metrics(connection.headers.get("authorization"))

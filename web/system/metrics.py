@@ -1,0 +1,189 @@
+"""Prometheus metrics with vLLM's names where they exist: request latency histograms observed here, engine
+gauges and counters read from the engine's latest stats at scrape time, appliance memory and per-key quota."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine import EngineStats
+from web.history.record import RequestLog
+
+# vLLM's buckets, so dashboards built for vLLM read these unchanged.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyQuota:
+    key_id: int
+    name: str
+    used: int
+    reserved: int
+    limit: int | None
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], EngineStats | None], model_name: Callable[[], str | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._model_name = model_name
+        self.key_quotas: list[KeyQuota] = []
+        self._window_queue_waits: list[float] = []  # since the sampler last took them
+        labels = ["model_name"]
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds", "Time requests waited in the queue.", labels,
+            buckets=REQUEST_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", labels,
+            buckets=TTFT_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Latency between streamed tokens as the server saw it.", labels,
+            buckets=ITL_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
+            buckets=REQUEST_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.success = Counter(
+            "vllm:request_success", "Requests that finished, by finish reason.", ["model_name", "finished_reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "appliance:requests_rejected", "Requests refused after authentication, by reason.", ["reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.statuses = Counter(
+            "appliance:requests", "Requests by terminal status.", ["status"], registry=self.registry
+        )
+        self.registry.register(_EngineCollector(stats, self))
+
+    @property
+    def model(self) -> str:
+        return self._model_name() or "unknown"
+
+    def inter_token_observer(self) -> Callable[[float, int], None]:
+        """For one request: record that a delta of n tokens came `seconds` after the previous one (a merged
+        delta counts as n even gaps). The labelled child is looked up once, not per token."""
+        child = self.itl.labels(self.model)
+
+        def observe(seconds: float, tokens: int) -> None:
+            each = seconds / tokens
+            for _ in range(tokens):
+                child.observe(each)
+
+        return observe
+
+    def observe_request(self, log: RequestLog) -> None:
+        model = self.model
+        if log.status != "rejected":  # observe_rejected counts those, with their reason
+            self.statuses.labels(log.status).inc()
+        if log.scheduled_mono is not None:
+            wait = log.scheduled_mono - log.arrival_mono
+            self.queue_time.labels(model).observe(wait)
+            self._window_queue_waits.append(wait)
+        if log.first_token_mono is not None:
+            self.ttft.labels(model).observe(log.first_token_mono - log.arrival_mono)
+        if log.finished_mono is not None:
+            self.e2e.labels(model).observe(log.finished_mono - log.arrival_mono)
+        if log.status == "finished" and log.finish_reason:
+            self.success.labels(model, log.finish_reason).inc()
+
+    def take_queue_waits(self) -> list[float]:
+        """Queue waits of the requests that ended since the last call (the sampler's window)."""
+        waits, self._window_queue_waits = self._window_queue_waits, []
+        return waits
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+        self.statuses.labels("rejected").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's snapshot at scrape time: gauges and the engine's own counters."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None], metrics: Metrics) -> None:
+        self._stats = stats
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        model = self._metrics.model
+        s = self._stats()
+        up = GaugeMetricFamily("appliance:engine_up", "1 when the engine has reported stats.")
+        up.add_metric([], 1.0 if s is not None else 0.0)
+        yield up
+        if s is not None:
+            yield from _engine_metrics(s, model)
+        yield from _quota_metrics(self._metrics.key_quotas)
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict[str, str]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=list(labels))
+    g.add_metric(list(labels.values()), value)
+    return g
+
+
+def _counter(name: str, doc: str, value: float, labels: dict[str, str]) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=list(labels))
+    c.add_metric(list(labels.values()), value)
+    return c
+
+
+def _engine_metrics(s: EngineStats, model: str) -> Iterator[Metric]:
+    m = {"model_name": model}
+    kind = {"kind": s.memory_kind}
+    yield _gauge("vllm:num_requests_running", "Requests in the running batch.", s.running, m)
+    yield _gauge("vllm:num_requests_waiting", "Requests waiting for a seat.", s.waiting, m)
+    yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", s.kv_usage, m)
+    yield _counter("vllm:num_preemptions", "Preemptions (recompute).", s.preemptions_total, m)
+    yield _counter("vllm:prompt_tokens", "Prompt tokens processed.", s.prompt_tokens_total, m)
+    yield _counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total, m)
+    yield _counter("vllm:prefix_cache_queries", "Prefix-cache block queries.", s.prefix_cache_queries, m)
+    yield _counter("vllm:prefix_cache_hits", "Prefix-cache block hits.", s.prefix_cache_hits, m)
+    yield _gauge("appliance:kv_cache_blocks_total", "KV blocks in the pool.", s.kv_blocks_total, m)
+    yield _gauge("appliance:kv_cache_blocks_used", "KV blocks in use.", s.kv_blocks_used, m)
+    yield _gauge("appliance:model_weights_bytes", "Bytes the model weights take.", s.weights_bytes, kind)
+    yield _gauge("appliance:kv_pool_bytes", "Bytes the KV-cache pool takes.", s.kv_pool_bytes, kind)
+    yield _gauge("appliance:device_memory_free_bytes", "Free VRAM (GPU) or RAM (CPU).", s.device_memory_free, kind)
+    yield _gauge("appliance:device_memory_total_bytes", "Total VRAM or RAM.", s.device_memory_total, kind)
+
+
+def _quota_metrics(quotas: list[KeyQuota]) -> Iterator[Metric]:
+    labels = ["key_id", "key_name"]
+    used = GaugeMetricFamily("appliance:key_quota_used_tokens", "Tokens used in the key's period.", labels=labels)
+    reserved = GaugeMetricFamily("appliance:key_quota_reserved_tokens", "Tokens reserved in flight.", labels=labels)
+    limit = GaugeMetricFamily("appliance:key_quota_limit_tokens", "The key's quota per period.", labels=labels)
+    for q in quotas:
+        ident = [str(q.key_id), q.name]
+        used.add_metric(ident, q.used)
+        reserved.add_metric(ident, q.reserved)
+        if q.limit is not None:
+            limit.add_metric(ident, q.limit)
+    yield used
+    yield reserved
+    yield limit

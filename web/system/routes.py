@@ -1,0 +1,125 @@
+"""Liveness, readiness, Prometheus metrics, and the admin API's live stats and engine samples."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from litestar import Request, Response, Router, get
+from litestar.params import QueryParameter
+from msgspec import Struct
+from sqlalchemy import select
+
+from engine import EngineStats, ModelInfo
+from web.errors import ServiceUnavailable
+from web.models import EngineSample
+from web.state import services_of
+from web.system.admin_auth import admin_guard, metrics_guard
+from web.system.metrics import CONTENT_TYPE, KeyQuota, percentile
+
+AnyRequest = Request[Any, Any, Any]
+
+
+class Health(Struct):
+    status: str
+
+
+class Readiness(Struct):
+    status: str
+    model: str | None
+
+
+@get("/health", sync_to_thread=False)
+def health() -> Health:
+    return Health("ok")
+
+
+@get("/ready")
+async def ready(request: AnyRequest) -> Readiness:
+    services = services_of(request)
+    ok, why = services.readiness()
+    if not ok:
+        raise ServiceUnavailable(f"not ready: {why}", code="not_ready")
+    return Readiness("ready", services.model_name)
+
+
+@get("/metrics", guards=[metrics_guard])
+async def metrics(request: AnyRequest) -> Response[bytes]:
+    services = services_of(request)
+    services.metrics.key_quotas = [
+        KeyQuota(key.id, key.name, u.used_tokens if u else 0, u.reserved_tokens if u else 0, key.quota_tokens)
+        for key, u in await services.keys.list_with_usage()
+    ]
+    return Response(services.metrics.render(), media_type=CONTENT_TYPE)
+
+
+class Percentiles(Struct):
+    p50: float | None
+    p95: float | None
+
+
+class StatsView(Struct):
+    state: str
+    ready: bool
+    reason: str
+    draining: bool
+    in_flight: int
+    model: ModelInfo | None
+    engine: EngineStats | None
+    kv_usage: float | None
+    queue_wait_s: Percentiles
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+
+
+def _pcts(values: list[float]) -> Percentiles:
+    return Percentiles(percentile(values, 0.5), percentile(values, 0.95))
+
+
+@get("/stats")
+async def stats(request: AnyRequest) -> StatsView:
+    services = services_of(request)
+    ok, why = services.readiness()
+    s = services.client.stats()
+    return StatsView(
+        state=services.client.state,
+        ready=ok,
+        reason=why,
+        draining=services.draining,
+        in_flight=len(services.live),
+        model=services.client.model_info,
+        engine=s,
+        kv_usage=s.kv_usage if s else None,
+        queue_wait_s=_pcts(s.recent_queue_wait if s else []),
+        ttft_s=_pcts(s.recent_ttft if s else []),
+        tpot_s=_pcts(s.recent_tpot if s else []),
+    )
+
+
+class SampleView(Struct):
+    at: datetime
+    running: int
+    waiting: int
+    kv_usage: float
+    memory_kind: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    weights_bytes: int
+    kv_pool_bytes: int
+    queue_wait_p95_s: float | None
+    tokens_per_s: float
+
+
+@get("/samples")
+async def samples(
+    request: AnyRequest,
+    minutes: Annotated[int, QueryParameter(ge=1, le=7 * 24 * 60)] = 60,
+) -> list[SampleView]:
+    since = datetime.now(UTC) - timedelta(minutes=minutes)
+    async with services_of(request).sessions() as session:
+        rows = await session.scalars(select(EngineSample).where(EngineSample.at >= since).order_by(EngineSample.at))
+        return [SampleView(**{f: getattr(r, f) for f in SampleView.__struct_fields__}) for r in rows]
+
+
+system_router = Router(path="/", route_handlers=[health, ready, metrics])
+admin_system_router = Router(path="/admin/api", route_handlers=[stats, samples], guards=[admin_guard])
