@@ -43,6 +43,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.90
+    gpu_memory_cap_bytes: int | None = None  # never use more of the card than this (emulate a smaller card)
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -66,6 +67,8 @@ class EngineConfig:
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("max_queue", self.max_queue, 1)
         _at_least("kv_cache_bytes", self.kv_cache_bytes, 1)
+        if self.gpu_memory_cap_bytes is not None:
+            _at_least("gpu_memory_cap_bytes", self.gpu_memory_cap_bytes, 1)
         if self.cpu_threads is not None:
             _at_least("cpu_threads", self.cpu_threads, 1)
         if self.num_kv_blocks is not None:

@@ -91,7 +91,7 @@ class EngineCore:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(m.device)
         others = (total - free) - torch.cuda.memory_reserved(m.device)
-        budget = int(total * cfg.gpu_memory_utilization) - others - peak
+        budget = cuda_kv_budget(total, others, peak, cfg.gpu_memory_utilization, cfg.gpu_memory_cap_bytes)
         return max(budget // per_block, 0)
 
     def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
@@ -243,3 +243,13 @@ class EngineCore:
             recent_tpot=list(t.recent_tpot),
             time=now,
         )
+
+
+def cuda_kv_budget(total: int, others: int, peak: int, utilization: float, cap: int | None) -> int:
+    """Bytes left for the KV pool on a card of `total` bytes: the usable share of the card (capped, so a 24 GB
+    card can be emulated on a larger one) minus other processes' memory and this process's peak (weights plus
+    the worst-case forward's activations)."""
+    usable = int(total * utilization)
+    if cap is not None:
+        usable = min(usable, cap)
+    return max(usable - others - peak, 0)
