@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -46,9 +47,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-median", type=int, default=48)
     p.add_argument("--output-median", type=int, default=32)
     p.add_argument("--output-max", type=int, default=192)
+    p.add_argument("--sigma", type=float, default=0.8, help="lognormal spread of lengths: the tail's weight")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads on CPU (default: all cores; the served engine leaves one to the web server)",
+    )
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     p.add_argument("--overhead-running", type=int, default=64, help="batch size for the overhead probe (0: skip)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here ('-' for stdout)")
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
+        cpu_threads=args.cpu_threads,
     )
     print(f"loading {config.model} ({config.quantization}) …", file=sys.stderr)
     loaded = load_model(config, lambda what: print(f"  {what}", file=sys.stderr), attn_implementation=ATTENTION_NAME)
@@ -79,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_median=args.prompt_median,
         output_median=args.output_median,
         output_max=args.output_max,
+        sigma=args.sigma,
         seed=args.seed,
     )
     workload = make_workload(spec, len(loaded.tokenizer))
@@ -136,7 +146,7 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"\n{report['model']} {report['quantization']} on {report['device']}: {w['num_requests']} requests, "
         f"rate {w['rate'] or 'all at once'}, prompt median {w['prompt_median']}, output median "
-        f"{w['output_median']} (max {w['output_max']}), seed {w['seed']}"
+        f"{w['output_median']} (max {w['output_max']}, sigma {w['sigma']}), seed {w['seed']}"
     )
     header = " | ".join(f"{title:>11}" for _, title, _ in COLUMNS)
     print(header)
@@ -154,8 +164,9 @@ def print_table(report: dict[str, Any]) -> None:
     if report["overhead"]:
         o = report["overhead"]
         print(
-            f"engine overhead at {o['running']} running: {o['overhead_ms']:.2f} ms per step "
-            f"(step {o['step_ms']:.1f} ms, forward {o['forward_ms']:.1f} ms)"
+            f"engine overhead at {o['running']} running: {o['overhead_ms']:.2f} ms per step = sampling "
+            f"{o['sampling_ms']:.2f} ms + bookkeeping {o['bookkeeping_ms']:.2f} ms "
+            f"(step {o['step_ms']:.1f} ms, model forward {o['forward_ms']:.1f} ms)"
         )
 
 

@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.bench.workload import BenchRequest
 from engine.config import EngineConfig, Policy
@@ -176,7 +177,10 @@ def _drive_transformers(manager: object, workload: list[BenchRequest], tick: Tic
 
 
 def measure_overhead(loaded: LoadedModel, config: EngineConfig, running: int = 64, steps: int = 30) -> dict[str, float]:
-    """Engine time per decode step that is not the model forward, with `running` requests in the batch."""
+    """Engine time per decode step that is not the model forward, with `running` requests in the batch: the
+    sampling kernel, and the bookkeeping (scheduling, building the batch, detokenizing, outputs)."""
+    import engine.runner as runner_module
+
     core = EngineCore(
         replace(config, max_num_seqs=max(running, config.max_num_seqs), policy="continuous"), loaded=loaded
     )
@@ -185,28 +189,36 @@ def measure_overhead(loaded: LoadedModel, config: EngineConfig, running: int = 6
         core.add_request(f"o{i}", [100 + i, 200 + i, 300 + i, 400 + i], params)
     while len(core.scheduler.running) < running or any(r.num_computed_tokens == 0 for r in core.scheduler.running):
         core.step()
-    forward_time = 0.0
+    spent = {"forward": 0.0, "sampling": 0.0}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        return wrapper
+
     model = core.runner.model
-    inner = model.forward
-
-    def timed_forward(*args: object, **kwargs: object) -> object:
-        nonlocal forward_time
-        t0 = time.perf_counter()
-        out = inner(*args, **kwargs)
-        forward_time += time.perf_counter() - t0
-        return out
-
-    model.forward = timed_forward
+    forward, sample = model.forward, runner_module.sample
+    model.forward = timed("forward", forward)
+    runner_module.sample = timed("sampling", sample)
     try:
         t0 = time.perf_counter()
         for _ in range(steps):
             core.step()
         total = time.perf_counter() - t0
     finally:
-        model.forward = inner
+        model.forward = forward
+        runner_module.sample = sample
+    ms = 1000 / steps
     return {
         "running": running,
-        "step_ms": 1000 * total / steps,
-        "forward_ms": 1000 * forward_time / steps,
-        "overhead_ms": 1000 * (total - forward_time) / steps,
+        "step_ms": total * ms,
+        "forward_ms": spent["forward"] * ms,
+        "overhead_ms": (total - spent["forward"]) * ms,
+        "sampling_ms": spent["sampling"] * ms,
+        "bookkeeping_ms": (total - spent["forward"] - spent["sampling"]) * ms,
     }
