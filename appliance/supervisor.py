@@ -51,20 +51,22 @@ class Supervisor:
             if self.services.engine_start_error is not None and self.notifier.enabled:
                 self.notifier.send(f"STATUS={why}")
                 return False
-            self.status(why)
+            self.status(why if listening() else "starting: the database first, then the model")
             await asyncio.sleep(LOADING_TICK_S)
         self._status = f"serving {self.services.model_name} on {self.address}"
         self.notifier.send("READY=1", f"STATUS={self._status}")
         log.info("ready: %s", self._status)
+        tick = min(RUNNING_TICK_S, self.watchdog_s or RUNNING_TICK_S)
         last_ping = 0.0
         while True:
             ready, why = self.services.readiness()
             self.status(f"serving {self.services.model_name} on {self.address}" if ready else why)
             now = time.monotonic()
-            if self.watchdog_s is not None and now - last_ping >= self.watchdog_s and self.alive():
+            # Half a tick early rather than half a tick late: sleeps overshoot.
+            if self.watchdog_s is not None and now - last_ping >= self.watchdog_s - tick / 2 and self.alive():
                 self.notifier.send("WATCHDOG=1")
                 last_ping = now
-            await asyncio.sleep(min(RUNNING_TICK_S, self.watchdog_s or RUNNING_TICK_S))
+            await asyncio.sleep(tick)
 
     def alive(self) -> bool:
         """The engine loop turns (heard from lately), or a crashed engine is being reloaded, which can take

@@ -3,6 +3,8 @@
 Public names: the offline LLM, the async client for servers, their config and message types, the errors.
 """
 
+from typing import TYPE_CHECKING
+
 from engine.client import AsyncEngineClient
 from engine.config import EngineConfig
 from engine.errors import (
@@ -14,9 +16,22 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
-from engine.llm import LLM, CompletionResult
 from engine.messages import EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.llm import LLM, CompletionResult
+
+
+def __getattr__(name: str) -> object:
+    # The offline LLM pulls in torch and transformers; servers and CLIs that only talk to the engine process
+    # should not pay seconds of import time for it.
+    if name in ("LLM", "CompletionResult"):
+        from engine import llm
+
+        return getattr(llm, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
 
 __all__ = [
     "LLM",

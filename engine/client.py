@@ -43,7 +43,6 @@ from engine.messages import (
     StepOutputs,
     ToCore,
 )
-from engine.process import run_engine_process
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("engine.client")
@@ -111,6 +110,8 @@ class AsyncEngineClient:
         self._generation += 1
         generation = self._generation
         self.state = "loading"
+        from engine.process import run_engine_process  # torch loads in the engine process, not on import here
+
         ctx = mp.get_context("spawn")
         to_core_r, to_core_w = ctx.Pipe(duplex=False)
         from_core_r, from_core_w = ctx.Pipe(duplex=False)

@@ -6,7 +6,5 @@ import os
 from pathlib import Path
 
 # Must happen before engine modules read it.
-os.environ.setdefault(
-    "APPLIANCE_DATA_DIR", str(Path(__file__).resolve().parent.parent / "data" / "test-cache")
-)
+os.environ.setdefault("APPLIANCE_DATA_DIR", str(Path(__file__).resolve().parent.parent / "data" / "test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -43,6 +43,11 @@ class Installed:
         return self.prefix / "venv" / "bin" / "appliance"
 
     @property
+    def command(self) -> Path:
+        """The wrapper install.sh writes: the venv's command with the installed settings."""
+        return self.prefix / "bin" / "appliance"
+
+    @property
     def data_dir(self) -> Path:
         return self.prefix / "data"
 
@@ -114,6 +119,19 @@ def test_first_install_writes_settings_and_prints_the_admin_password(installed: 
     assert installed.setting("APPLIANCE_DATA_DIR") == str(installed.data_dir)
     assert installed.env_file.stat().st_mode & 0o077 == 0, "the env file holds a password: owner only"
     assert (installed.data_dir / "appliance.db").is_file(), "install.sh runs the migrations"
+    assert f"manage it with: {installed.command} status" in installed.first_output
+
+
+def run_command(installed: Installed, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed command as an operator runs it: nothing from this test process's environment."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(installed.data_dir), "LANG": "C.UTF-8"}
+    return subprocess.run([str(installed.command), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_installed_doctor_finds_nothing_wrong(installed: Installed) -> None:
+    result = run_command(installed, "doctor", "--port", str(free_port()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok    database" in result.stdout and "ok    model" in result.stdout
 
 
 def test_installed_appliance_serves_a_chat_completion_and_stops_cleanly(installed: Installed, tmp_path: Path) -> None:
@@ -148,6 +166,11 @@ def test_installed_appliance_serves_a_chat_completion_and_stops_cleanly(installe
         assert status == 200, completion
         assert completion["choices"][0]["finish_reason"] in ("stop", "length")
         assert isinstance(completion["choices"][0]["message"]["content"], str)
+
+        # The installed command reads the settings file: the admin password there answers `status`.
+        asked = run_command(installed, "status", "--port", str(port))
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert "ready" in asked.stdout and "random:tiny" in asked.stdout
 
         # The addresses install.sh prints: the chat page, and the console (its login page until signed in).
         for page in ("/", "/admin"):
@@ -194,6 +217,7 @@ def test_uninstall_keeps_data_and_settings_and_purge_removes_everything(installe
 
     run_install_sh("--uninstall", "--prefix", str(installed.prefix), "--no-systemd")
     assert not (installed.prefix / "venv").exists()
+    assert not installed.command.exists()
     assert database.read_bytes() == database_before
     assert installed.env_file.is_file()
 

@@ -1,0 +1,372 @@
+"""`appliance doctor`: checks what the appliance needs on this machine and explains each finding in one line:
+GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the model, the data directory,
+the database schema, the port and the disk. Any failure makes the exit status non-zero."""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import glob
+import logging
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from appliance.database import schema_revision
+from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
+from appliance.probes import Gpu, cpu_flag, listener, nearest_existing, nvidia_gpus, probe_appliance
+from appliance.settings import Settings
+from web.console.render import fmt_bytes
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+DISK_WARN_BYTES = 5 << 30  # a converted 8B model alone takes about 16 GB
+DISK_FAIL_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    level: str  # ok | info (nothing to do, e.g. skipped) | warn (works, but look) | fail
+    check: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.level:<5} {self.check:<13} {self.message}"
+
+
+class Doctor:
+    """Each check is a method returning one Finding; later checks reuse what earlier ones found."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.wants_gpu = settings.device.startswith("cuda")
+        self.allows_gpu = settings.device != "cpu"
+
+    def findings(self) -> Iterator[Finding]:
+        checks: list[Callable[[], Finding]] = [
+            self.check_gpu,
+            self.check_cuda,
+            self.check_memory,
+            self.check_bitsandbytes,
+            self.check_model,
+            self.check_data_dir,
+            self.check_database,
+            self.check_port,
+            self.check_disk,
+        ]
+        for check in checks:
+            try:
+                yield check()
+            except Exception as exc:  # a check that breaks must not hide the others
+                name = check.__name__.removeprefix("check_").replace("_", " ")
+                yield Finding(FAIL, name, f"the check itself failed: {type(exc).__name__}: {exc}")
+
+    # -- GPU --------------------------------------------------------------------------------------------
+
+    @cached_property
+    def gpus(self) -> list[Gpu] | str:
+        return nvidia_gpus()
+
+    def check_gpu(self) -> Finding:
+        nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
+        gpus = self.gpus
+        listed = "; ".join(f"{g.name} ({g.total_mib / 1024:.0f} GiB)" for g in gpus) if isinstance(gpus, list) else ""
+        if not self.allows_gpu:
+            return Finding(INFO, "gpu", f"skipped: APPLIANCE_DEVICE=cpu{'; present: ' + listed if listed else ''}")
+        if isinstance(gpus, list) and gpus:
+            return Finding(OK, "gpu", f"{listed}, NVIDIA driver {gpus[0].driver}")
+        if gpus == "no nvidia-smi" and not nodes:
+            then = "but APPLIANCE_DEVICE asks for one" if self.wants_gpu else "the engine will run on the CPU"
+            return Finding(
+                FAIL if self.wants_gpu else INFO,
+                "gpu",
+                f"no NVIDIA GPU or driver visible (no nvidia-smi, no /dev/nvidia*): {then}",
+            )
+        if gpus == "no nvidia-smi":
+            return Finding(
+                WARN,
+                "gpu",
+                f"{', '.join(nodes)} present but no nvidia-smi to describe them (it comes with the driver's utilities)",
+            )
+        why = gpus if isinstance(gpus, str) else "nvidia-smi lists no GPU"
+        return Finding(
+            FAIL if self.wants_gpu or nodes else WARN,
+            "gpu",
+            f"{why}; device nodes: {', '.join(nodes) or 'none'} (is the driver loaded? after a driver upgrade, reboot)",
+        )
+
+    @cached_property
+    def torch(self) -> Any:
+        import torch
+
+        return torch
+
+    @cached_property
+    def cuda(self) -> bool:
+        """Whether the engine will run on CUDA (as engine.loader.resolve_device decides)."""
+        return self.allows_gpu and bool(self.torch.cuda.is_available())
+
+    @property
+    def cuda_index(self) -> int:
+        return 0 if self.settings.device == "auto" else self.torch.device(self.settings.device).index or 0
+
+    def check_cuda(self) -> Finding:
+        torch = self.torch
+        version = torch.__version__
+        if self.cuda:
+            index = self.cuda_index
+            if index >= torch.cuda.device_count():
+                return Finding(
+                    FAIL,
+                    "cuda",
+                    f"{self.settings.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)",
+                )
+            try:
+                torch.ones(4, device=f"cuda:{index}").add_(1).sum().item()
+            except RuntimeError as exc:
+                return Finding(FAIL, "cuda", f"torch {version} sees the GPU but cannot run on it: {exc}")
+            major, minor = torch.cuda.get_device_capability(index)
+            return Finding(
+                OK,
+                "cuda",
+                f"torch {version} (CUDA {torch.version.cuda}) runs on cuda:{index}, "
+                f"{torch.cuda.get_device_name(index)}, compute capability {major}.{minor}",
+            )
+        if not self.allows_gpu:
+            return Finding(INFO, "cuda", f"skipped: APPLIANCE_DEVICE=cpu (torch {version})")
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        if (isinstance(self.gpus, list) and self.gpus) or self.wants_gpu:
+            fix = (
+                "install the CUDA build of torch"
+                if torch.version.cuda is None
+                else "its CUDA runtime may need a newer driver than this one"
+            )
+            return Finding(FAIL, "cuda", f"torch {version} ({build}) cannot use the GPU: {fix}")
+        return Finding(INFO, "cuda", f"skipped: no GPU; torch {version} ({build}) will run on the CPU")
+
+    # -- memory and quantization --------------------------------------------------------------------------
+
+    @cached_property
+    def shape(self) -> Shape | str:
+        try:
+            return model_shape(self.settings.model)
+        except Exception as exc:  # ValueError, ModelLoadError, json and gguf errors: all mean "no estimate"
+            return f"{exc}"
+
+    def need(self, shape: Shape) -> MemoryNeed:
+        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(self.settings.dtype, 2 if self.cuda else 4)
+        return memory_need(shape, self.settings.quantization, dtype_bytes, self.settings.max_model_len, self.cuda)
+
+    def check_memory(self) -> Finding:
+        shape = self.shape
+        if isinstance(shape, str):
+            return Finding(INFO, "memory", f"skipped: cannot estimate the model's size ({shape})")
+        need = self.need(shape)
+        what = (
+            f"weights {fmt_bytes(need.weights)} ({shape.params / 1e9:.2f} B parameters, {self.settings.quantization})"
+        )
+        if not self.cuda:
+            import psutil
+
+            available = psutil.virtual_memory().available
+            total = need.weights + self.settings.kv_cache_bytes
+            summary = (
+                f"RAM: needs ≈ {fmt_bytes(total)}: {what} + KV pool {fmt_bytes(self.settings.kv_cache_bytes)} "
+                f"(APPLIANCE_KV_CACHE_BYTES); {fmt_bytes(available)} available"
+            )
+            if available < total and not self.appliance_running:
+                return Finding(WARN, "memory", summary + ": it would swap; lower APPLIANCE_KV_CACHE_BYTES")
+            return Finding(OK, "memory", summary)
+        index = self.cuda_index
+        free, total = self.torch.cuda.mem_get_info(index)
+        sequence = need.kv_per_token * need.context
+        summary = (
+            f"VRAM: needs ≈ {fmt_bytes(need.minimum)}: {what} + KV {fmt_bytes(sequence)} for one "
+            f"{need.context:,}-token sequence + ~{fmt_bytes(need.overhead)} CUDA; "
+            f"{fmt_bytes(free)} free of {fmt_bytes(total)}"
+        )
+        if free >= need.minimum:
+            seats = (free * self.settings.gpu_memory_utilization - need.weights - need.overhead) // sequence
+            return Finding(OK, "memory", f"{summary}: KV for ≈ {max(int(seats), 1):,} full-length sequences")
+        if self.appliance_running:
+            return Finding(INFO, "memory", f"{summary}, the running appliance holds its share now")
+        return Finding(
+            FAIL,
+            "memory",
+            f"{summary}: use nf4, a shorter APPLIANCE_MAX_MODEL_LEN or a smaller model, "
+            "or stop what else uses the GPU (nvidia-smi lists it)",
+        )
+
+    def check_bitsandbytes(self) -> Finding:
+        quantization = self.settings.quantization
+        if quantization == "none":
+            return Finding(INFO, "bitsandbytes", "skipped: APPLIANCE_QUANTIZATION=none does not use it")
+        # Its CPU backend logs a warning at import when an optional hub kernel is missing; doctor says more.
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+        try:
+            import bitsandbytes as bnb
+            from bitsandbytes.functional import has_avx512bf16
+        except Exception as exc:  # a broken native library raises anything
+            return Finding(FAIL, "bitsandbytes", f"cannot import bitsandbytes: {type(exc).__name__}: {exc}")
+        torch = self.torch
+        device = "cuda" if self.cuda else "cpu"
+        dtype = torch.float16 if self.cuda else torch.float32
+        try:
+            layer: Any = (
+                bnb.nn.Linear8bitLt(64, 64, bias=False, has_fp16_weights=False)
+                if quantization == "int8"
+                else bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=dtype, quant_type=quantization)
+            )
+            layer.to(dtype).to(device)(torch.randn(2, 64, dtype=dtype, device=device))
+        except Exception as exc:  # bitsandbytes raises RuntimeError, ValueError, NotImplementedError...
+            return Finding(
+                FAIL,
+                "bitsandbytes",
+                f"bitsandbytes {bnb.__version__} cannot run {quantization} on {device}: {type(exc).__name__}: {exc}",
+            )
+        done = f"bitsandbytes {bnb.__version__} runs {quantization} on {device}"
+        if self.cuda or quantization == "int8":
+            return Finding(OK, "bitsandbytes", done)
+        if cpu_flag("avx512_bf16") and has_avx512bf16():
+            return Finding(OK, "bitsandbytes", f"{done}; the CPU has AVX512-BF16: the fast 4-bit path")
+        return Finding(
+            WARN,
+            "bitsandbytes",
+            f"{done}, but without AVX512-BF16 4-bit matmuls take the slow path; "
+            "APPLIANCE_QUANTIZATION=none may be faster on this CPU",
+        )
+
+    # -- files --------------------------------------------------------------------------------------------
+
+    def check_model(self) -> Finding:
+        model = self.settings.model
+        if model.startswith("random:"):
+            if isinstance(self.shape, str):
+                return Finding(FAIL, "model", self.shape)
+            return Finding(OK, "model", f"{model}: random weights for tests, nothing to find")
+        if model == "default":
+            from engine.loader import default_model_path
+
+            try:
+                path = default_model_path()
+            except Exception as exc:  # engine.ModelLoadError says how to install it
+                return Finding(FAIL, "model", f"default: {exc}")
+            return Finding(
+                OK,
+                "model",
+                f"default: the bundled {path.name} ({fmt_bytes(path.stat().st_size)}), "
+                "converted once at the first start",
+            )
+        path = Path(model).expanduser()
+        if path.is_dir() and (path / "config.json").is_file():
+            weights = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+            if not weights:
+                return Finding(FAIL, "model", f"{path} has a config.json but no *.safetensors weights")
+            return Finding(OK, "model", f"Hugging Face directory {path} ({fmt_bytes(weights)} of safetensors)")
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            return Finding(OK, "model", f"GGUF file {path} ({fmt_bytes(path.stat().st_size)}), converted once")
+        what = "does not exist" if not path.exists() else "is neither a model directory (config.json) nor a .gguf"
+        return Finding(FAIL, "model", f"APPLIANCE_MODEL={model}: {path} {what}")
+
+    def check_data_dir(self) -> Finding:
+        path = Path(self.settings.data_dir)
+        existing = nearest_existing(path)
+        if not existing.is_dir():
+            return Finding(FAIL, "data dir", f"{existing} is not a directory, so {path} cannot be created")
+        try:
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".doctor-"):
+                pass
+        except OSError as exc:
+            return Finding(
+                FAIL,
+                "data dir",
+                f"{existing} is not writable by {getpass.getuser()}: {exc.strerror} "
+                "(run doctor as the service's user: sudo -u appliance ...)",
+            )
+        if existing != path:
+            return Finding(OK, "data dir", f"{path} does not exist yet; it will be created under {existing}")
+        return Finding(OK, "data dir", f"{path} is writable")
+
+    def check_database(self) -> Finding:
+        revision = schema_revision(self.settings)
+        path = self.settings.database_path
+        if not path.is_file():
+            return Finding(
+                WARN,
+                "database",
+                f"none yet at {path}: `appliance migrate` creates it (the server also does at its first start)",
+            )
+        if revision.current == revision.head:
+            return Finding(OK, "database", f"{path} is at the latest schema ({revision.head})")
+        if not revision.known:
+            return Finding(
+                FAIL,
+                "database",
+                f"{path} is at revision {revision.current}, unknown to this version (written by a newer appliance?)",
+            )
+        now = revision.current or "no revision"
+        return Finding(FAIL, "database", f"{path} is at {now}, the latest is {revision.head}: run `appliance migrate`")
+
+    # -- port and disk ------------------------------------------------------------------------------------
+
+    @cached_property
+    def port_state(self) -> tuple[str, str]:
+        """("free" | "appliance" | "taken" | "error", details)."""
+        host, port = self.settings.host, self.settings.port
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+                probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return self._port_owner()
+            if exc.errno == errno.EACCES:
+                return "error", f"port {port} needs privileges: choose APPLIANCE_PORT 1024 or above"
+            return "error", f"cannot bind {host}:{port}: {exc.strerror or exc} (is {host} an address of this machine?)"
+        return "free", f"{host}:{port} is free"
+
+    def _port_owner(self) -> tuple[str, str]:
+        port = self.settings.port
+        owner = listener(port)
+        ready = probe_appliance(self.settings.local_url)
+        if ready is not None:
+            return "appliance", f"port {port} is served by a running appliance{owner}: {ready}"
+        return (
+            "taken",
+            f"port {port} is taken by another program{owner or ' (ss -ltnp names it)'}: choose another APPLIANCE_PORT",
+        )
+
+    @property
+    def appliance_running(self) -> bool:
+        return self.port_state[0] == "appliance"
+
+    def check_port(self) -> Finding:
+        state, details = self.port_state
+        return Finding({"free": OK, "appliance": OK}.get(state, FAIL), "port", details)
+
+    def check_disk(self) -> Finding:
+        where = nearest_existing(Path(self.settings.data_dir))
+        usage = shutil.disk_usage(where)
+        summary = f"{fmt_bytes(usage.free)} free of {fmt_bytes(usage.total)} where {self.settings.data_dir} lives"
+        if usage.free < DISK_FAIL_BYTES:
+            return Finding(FAIL, "disk", f"{summary}: too little for the database and the model cache")
+        if usage.free < DISK_WARN_BYTES:
+            return Finding(WARN, "disk", f"{summary}: a converted model takes about 2 GB per billion parameters")
+        return Finding(OK, "disk", summary)
+
+
+def run(settings: Settings) -> int:
+    failures = warnings = 0
+    for finding in Doctor(settings).findings():
+        print(finding.line(), flush=True)
+        failures += finding.level == FAIL
+        warnings += finding.level == WARN
+    print(f"doctor: {failures} failure(s), {warnings} warning(s)")
+    return 1 if failures else 0

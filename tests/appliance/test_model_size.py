@@ -1,0 +1,45 @@
+"""Memory estimates before loading, checked against published sizes: the bundled SmolLM2 (read from its GGUF),
+Llama-3.1-8B (from its config.json values) and the random presets (same shape as what the engine builds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from appliance.model_size import memory_need, model_shape
+
+GIB = 1 << 30
+LLAMA_31_8B = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+
+
+def test_the_bundled_gguf_is_read_without_loading_it() -> None:
+    shape = model_shape("default")
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.context) == (30, 3, 64, 8192)
+    assert shape.params == pytest.approx(134.5e6, rel=0.01)  # SmolLM2-135M
+
+
+def test_an_8b_model_in_nf4_takes_about_5_6_gib_and_128_kib_per_token(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    shape = model_shape(str(tmp_path))
+    assert shape.params == pytest.approx(8.03e9, rel=0.01)
+    assert shape.weights_bytes("none", 2) / GIB == pytest.approx(14.96, rel=0.01)
+    assert shape.weights_bytes("nf4", 2) / GIB == pytest.approx(5.6, rel=0.02)
+    assert shape.kv_bytes_per_token(2) == 128 * 1024
+    need = memory_need(shape, "nf4", 2, max_model_len=8192, gpu=True)
+    assert need.context == 8192 and need.minimum / GIB == pytest.approx(5.6 + 1 + 1, rel=0.02)
+
+
+def test_an_unknown_model_cannot_be_estimated(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a model directory"):
+        model_shape(str(tmp_path / "nothing"))
