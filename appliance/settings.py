@@ -57,6 +57,10 @@ class Settings:
     kv_cache_bytes: int = setting(1 << 30, "KV-cache pool size in bytes on CPU (GPU sizes it by utilization).")
     num_kv_blocks: int | None = setting(None, "Exact number of KV blocks (overrides the byte/utilization sizing).")
     gpu_memory_utilization: float = setting(0.90, "Fraction of GPU memory the engine may use (weights + KV).")
+    gpu_memory_cap_bytes: int | None = setting(
+        None, "Most GPU memory the engine may use, in bytes (emulate a smaller card on a bigger one)."
+    )
+    cpu_threads: int | None = setting(None, "Torch threads on a CPU-only machine (default: cores - 1, min 1).")
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
     history_retention_days: int = setting(30, "Days request history is kept.")

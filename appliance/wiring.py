@@ -23,6 +23,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         num_kv_blocks=settings.num_kv_blocks,
         kv_cache_bytes=settings.kv_cache_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization,
+        gpu_memory_cap_bytes=settings.gpu_memory_cap_bytes,
+        cpu_threads=settings.cpu_threads,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
