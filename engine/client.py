@@ -196,9 +196,9 @@ class AsyncEngineClient:
         collector = _Collector()
         self._collectors[rid] = collector
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._send(AddRequest(rid, ids, params, arrival))
         finished = False
         try:
+            self._send(AddRequest(rid, ids, params, arrival))
             while True:
                 out = await collector.get()
                 finished = out.finished

@@ -29,6 +29,7 @@ from web.openai.routes import openai_router
 from web.state import EngineClient, Services
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics
+from web.system.openapi import document_router
 from web.system.routes import admin_system_router, system_router
 
 log = logging.getLogger("web.app")
@@ -37,9 +38,9 @@ log = logging.getLogger("web.app")
 def build_services(config: WebConfig, client: EngineClient) -> Services:
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
-    writer = BatchWriter(db)
     holder: list[Services] = []
     metrics = Metrics(client.stats, lambda: holder[0].model_name if holder else None)
+    writer = BatchWriter(db, on_error=metrics.observe_db_error)
     services = Services(
         config=config,
         client=client,
@@ -106,12 +107,12 @@ def create_app(config: WebConfig, client: EngineClient) -> Litestar:
     api = [openai_router, system_router, admin_system_router, keys_router, history_router]
     browser = pages()  # the chat page, the admin console, their templates and static files
     return Litestar(
-        route_handlers=[*api, *browser.route_handlers],
+        route_handlers=[*api, document_router(api), *browser.route_handlers],
         template_config=browser.template_config,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
         state=State({"services": services}),
         request_max_body_size=config.max_body_bytes,
-        openapi_config=None,
+        openapi_config=None,  # the document is web/system/openapi.py's: Litestar's alone is wrong (and at /schema)
         logging_config=None,  # logging belongs to the process (appliance), not to the web room
     )

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from types import CodeType
 from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.serialization import decode_json
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engine import ContextLengthError, EngineDeadError, EngineError, InvalidRequestError, QueueFullError
@@ -18,6 +20,7 @@ log = logging.getLogger("web.errors")
 _FIELD = re.compile(r"field `([^`]+)`")
 
 RETRY_AFTER_SECONDS = 1
+STORAGE_RETRY_AFTER_SECONDS = 5  # a lock outlasting the busy timeout, or a full disk, does not clear in a second
 
 
 class AppError(Exception):
@@ -110,6 +113,15 @@ class ServiceUnavailable(AppError):
         super().__init__(message, code=code, headers={"Retry-After": str(retry_after)})
 
 
+class StorageUnavailable(ServiceUnavailable):
+    """The database refused a write (locked past the busy timeout, disk full, I/O error); the client may retry."""
+
+    code = "storage_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after=STORAGE_RETRY_AFTER_SECONDS)
+
+
 def from_engine_error(exc: EngineError) -> AppError:
     """The engine's refusals in the web room's terms (the only place that knows both trees)."""
     if isinstance(exc, QueueFullError):
@@ -121,6 +133,13 @@ def from_engine_error(exc: EngineError) -> AppError:
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailable(f"the engine is unavailable: {exc}", code="engine_unavailable")
     return ServiceUnavailable(f"the engine failed: {exc}", code="engine_error")
+
+
+def undecodable_body(exc: RecursionError | UnicodeDecodeError) -> InvalidRequest:
+    """msgspec's refusals of a body that are not DecodeErrors: nesting deeper than it recurses (in a field typed
+    Any, or one it skips), or invalid UTF-8 inside a string."""
+    why = "it is nested too deeply" if isinstance(exc, RecursionError) else "a string in it is not valid UTF-8"
+    return InvalidRequest(f"the request body is not valid JSON: {why}")
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -178,6 +197,21 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     return _respond(status, message, "invalid_request_error", param, _HTTP_CODES.get(status), headers)
 
 
+def handle_undecodable_body(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    """Litestar's own JSON parsing (the admin API's bodies) lets these two through; elsewhere they are bugs."""
+    if isinstance(exc, RecursionError | UnicodeDecodeError) and _raised_in(exc, decode_json.__code__):
+        return handle_app_error(request, undecodable_body(exc))
+    return handle_unexpected(request, exc)
+
+
+def _raised_in(exc: BaseException, code: CodeType) -> bool:
+    """Whether the innermost Python frame of the exception's traceback runs `code` (msgspec is C: its caller)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is code
+
+
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _respond(HTTP_500_INTERNAL_SERVER_ERROR, "internal server error", "server_error", None, None, {})
@@ -187,5 +221,7 @@ EXCEPTION_HANDLERS: dict[int | type[Exception], Any] = {
     AppError: handle_app_error,
     EngineError: handle_engine_error,
     HTTPException: handle_http_exception,
+    RecursionError: handle_undecodable_body,
+    UnicodeDecodeError: handle_undecodable_body,
     Exception: handle_unexpected,
 }

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -64,13 +65,14 @@ async def test_server_sigkill_under_load_then_restart(tmp_path: Path, servers: l
     engine = engine_process(first)
     with fault("server process SIGKILL under load, then restart") as figures:
         async with async_client(first) as http:
-            calls = [
-                stream(http, "/v1/completions", keys[i % 2], {**body, "prompt": [3, i]}) if i % 4
-                else http.post("/v1/completions", json={**body, "prompt": [3, i]}, headers={
-                    "Authorization": f"Bearer {keys[i % 2]}"})
-                for i in range(40)
-            ]  # fmt: skip
-            pending = asyncio.gather(*calls, return_exceptions=True)
+
+            def call(i: int) -> Any:  # one in four not streamed; the keys take turns
+                key, numbered = keys[i % 2], {**body, "prompt": [3, i]}
+                if i % 4 == 0:
+                    return http.post("/v1/completions", json=numbered, headers={"Authorization": f"Bearer {key}"})
+                return stream(http, "/v1/completions", key, numbered)
+
+            pending = asyncio.gather(*(call(i) for i in range(40)), return_exceptions=True)
             await until(lambda: statuses(first).count("running") == SEATS and len(statuses(first)) == 40, "load")
             held = sum(quota_of(first, key)["reserved_tokens"] for key in keys)
             first.process.send_signal(signal.SIGKILL)

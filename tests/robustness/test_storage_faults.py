@@ -24,6 +24,7 @@ from tests.robustness.conftest import (
     MODEL,
     Reply,
     async_client,
+    charged,
     error_of,
     quota_of,
     rows_of,
@@ -202,14 +203,10 @@ def storage_fault(
         else:
             srv, tiny = stack.enter_context(full_disk_server(tmp_path_factory.mktemp("disk-full")))
             run = partial(full, tiny=tiny)
-        record(FAULTS, CASES[kind], {"faults injected": 1, "faults survived": 0})
+        record(FAULTS, CASES[kind], {"faults injected": 1})  # survived: test_requests_are_answered_...
         yield asyncio.run(run(srv))
 
 
-BUG_DB_ERROR_ADMISSION = "BUGS.md #1: a database error at admission is a 500 (not 503) and leaves no history row"
-BUG_LIMITER_LEAK = "BUGS.md #2: a database error at admission keeps the key's concurrency slot forever"
-BUG_NOT_COUNTED = "BUGS.md #3: no /metrics counter for database errors"
-BUG_DROPPED_FINALIZE = "BUGS.md #4: a history write that fails twice is dropped; the row stays running, quota reserved"
 BOTH = ["locked", "full"]
 
 
@@ -217,7 +214,7 @@ BOTH = ["locked", "full"]
 def test_requests_are_answered_or_refused_cleanly(storage_fault: StorageFault) -> None:
     found = storage_fault
     bare = found.bare_errors()
-    record(FAULTS, CASES[found.kind], {"5xx without an OpenAI error body (must be 0)": bare})
+    record(FAULTS, CASES[found.kind], {"5xx without an OpenAI error body (must be 0)": bare, "faults survived": 0})
 
     assert found.server.process.poll() is None  # nothing crashed
     assert bare == 0
@@ -230,7 +227,6 @@ def test_requests_are_answered_or_refused_cleanly(storage_fault: StorageFault) -
 
 
 @pytest.mark.parametrize("storage_fault", BOTH, indirect=True)
-@pytest.mark.xfail(strict=True, reason=BUG_DB_ERROR_ADMISSION)
 def test_refusals_are_503_and_recorded_in_history(storage_fault: StorageFault) -> None:
     found = storage_fault
     assert all(r.status_code == 503 and r.headers.get("retry-after") for r in found.refused), found.refused
@@ -238,24 +234,18 @@ def test_refusals_are_503_and_recorded_in_history(storage_fault: StorageFault) -
 
 
 @pytest.mark.parametrize("storage_fault", BOTH, indirect=True)
-@pytest.mark.xfail(strict=True, reason=BUG_LIMITER_LEAK)
 def test_refusals_give_back_the_concurrency_slot(storage_fault: StorageFault) -> None:
     assert storage_fault.after_capped is not None
     assert storage_fault.after_capped.status_code == 200, storage_fault.after_capped.text
 
 
 @pytest.mark.parametrize("storage_fault", BOTH, indirect=True)
-@pytest.mark.xfail(strict=True, reason=BUG_NOT_COUNTED)
 def test_database_errors_are_counted(storage_fault: StorageFault) -> None:
     counted = [line for line in storage_fault.metrics().splitlines() if line.startswith("appliance:db_errors_total")]
     assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= 1
 
 
-@pytest.mark.parametrize(
-    "storage_fault",
-    ["locked", pytest.param("full", marks=pytest.mark.xfail(strict=True, reason=BUG_DROPPED_FINALIZE))],
-    indirect=True,
-)
+@pytest.mark.parametrize("storage_fault", BOTH, indirect=True)
 def test_requests_in_flight_are_settled(storage_fault: StorageFault) -> None:
     """Rows and quota of the streams that ran through the fault end up like the clients saw them."""
     found = storage_fault
@@ -265,4 +255,5 @@ def test_requests_in_flight_are_settled(storage_fault: StorageFault) -> None:
     assert [(r["status"], r["completion_tokens"]) for r in rows if r["id"] in ids] == [("finished", 300)] * len(ids)
     assert all(r["status"] in TERMINAL for r in rows)
     assert usage["reserved_tokens"] == 0
-    assert usage["used_tokens"] == sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    # charged(): the stream refused during the fault has its rejected row now, with its prompt size, charged nothing
+    assert usage["used_tokens"] == charged(rows)

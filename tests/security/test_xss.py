@@ -221,7 +221,6 @@ def test_error_pages_show_what_they_were_given_escaped(
     figures(request, {"XSS pages and fragments checked": len(_error_pages(served))})
 
 
-@pytest.mark.xfail(strict=True, reason="B9 in tests/security/BUGS.md: console error pages lack the page headers")
 def test_error_pages_carry_the_content_security_policy(stage: tuple[Appliance, Session]) -> None:
     served, session = stage
     for name, (path, headers) in _error_pages(served).items():

@@ -3,7 +3,6 @@ on every state-changing request (header from htmx, or hidden form field), failed
 
 from __future__ import annotations
 
-import base64
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -22,10 +21,11 @@ from litestar.types import Guard
 from msgspec import Struct
 
 from web.console.live import ThroughputMeter
-from web.console.render import render
-from web.console.sessions import MAX_AGE_S, AdminSession, LoginLimiter, SessionStore, tokens_match
-from web.errors import AdminAuthRequired
+from web.console.render import PAGE_HEADERS, render
+from web.console.sessions import MAX_AGE_S, AdminSession, SessionStore, tokens_match
+from web.errors import AdminAuthRequired, RateLimited
 from web.state import services_of
+from web.system.admin_auth import client_address
 
 SESSION_COOKIE = "appliance_admin"
 LOGIN_COOKIE = "appliance_login"  # pre-session CSRF token of the login form (double submit)
@@ -37,10 +37,10 @@ LOGIN_PATH = "/admin/login"
 
 @dataclass(slots=True)
 class ConsoleState:
-    """What the console keeps in memory for one app: sessions, the login limiter, the throughput meter."""
+    """What the console keeps in memory for one app: sessions and the throughput meter (failed logins are the
+    admin credential's to count: AdminAuth)."""
 
     sessions: SessionStore = field(default_factory=SessionStore)
-    logins: LoginLimiter = field(default_factory=LoginLimiter)
     throughput: ThroughputMeter = field(default_factory=ThroughputMeter)
 
 
@@ -111,6 +111,7 @@ def handle_csrf_rejected(_: Request[Any, Any, Any], __: CsrfRejected) -> Respons
         "This request lacks the page's security token (CSRF). Reload the page and try again.",
         status_code=403,
         media_type="text/plain",
+        headers=PAGE_HEADERS,  # an exception handler's response does not get the router's response_headers
     )
 
 
@@ -159,20 +160,16 @@ async def login(
         return _login_page(
             request, error="The login form expired. Please sign in again.", status_code=403, next_path=data.next
         )
-    address = request.client.host if request.client else "unknown"
-    wait = console.logins.retry_after(address)
-    if wait:
+    try:
+        await services_of(request).admin.sign_in(data.username, data.password, client_address(request))
+    except RateLimited as exc:
+        wait = int(exc.headers["Retry-After"])
         message = f"Too many failed sign-ins from your address. Try again in {wait} s."
         return _login_page(request, error=message, status_code=429, next_path=data.next, retry=wait)
-    credential = base64.b64encode(f"{data.username}:{data.password}".encode()).decode()
-    try:
-        await services_of(request).admin.check_admin(f"Basic {credential}")
     except AdminAuthRequired as exc:
         if exc.message.startswith("no admin credential"):
             return _login_page(request, error=exc.message, status_code=503, next_path=data.next)
-        console.logins.failed(address)
         return _login_page(request, error="Wrong user name or password.", status_code=401, next_path=data.next)
-    console.logins.succeeded(address)
     console.sessions.end(request.cookies.get(SESSION_COOKIE))  # a fresh session id at every sign-in
     session = console.sessions.create()
     response = Redirect(_safe_next(data.next), status_code=303)

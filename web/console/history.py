@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,9 +19,11 @@ from litestar.response import Stream
 
 from web.console.auth import page_context
 from web.console.render import render, wanted_partial
+from web.errors import InvalidRequest
 from web.history.record import STATUSES
 from web.history.routes import RequestView, request_view
 from web.history.service import HistoryFilter
+from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import utcnow
 from web.state import services_of
 
@@ -54,17 +57,24 @@ def _when(raw: str, label: str, errors: list[str]) -> datetime | None:
     except ValueError:
         errors.append(f"{label} is not a date and time: {raw!r}")
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # a time on the calendar's first or last day, in a zone that moves it off the calendar
+        errors.append(f"{label} is outside the years 1 to 9999 in UTC: {raw!r}")
+        return None
 
 
 def parse_filters(key: str, status: str, since: str, until: str) -> Filters:
     errors: list[str] = []
     key_id = None
     if key.strip():
-        try:
+        with suppress(ValueError):
             key_id = int(key)
-        except ValueError:
+        if key_id is None or not SQLITE_INT_MIN <= key_id <= SQLITE_INT_MAX:
             errors.append(f"unknown key {key!r}")
+            key_id = None
     if status and status not in STATUSES:
         errors.append(f"unknown status {status!r}")
         status = ""
@@ -83,7 +93,7 @@ async def history_page(
 ) -> Response[Any]:
     services = services_of(request)
     filters = parse_filters(key, status, since, until)
-    offset = max(offset, 0)
+    offset = min(max(offset, 0), SQLITE_INT_MAX)  # beyond the last row either way: an empty page
     rows, total = await services.history.list(filters.query, PAGE_SIZE, offset)
     keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
     pages = {
@@ -142,6 +152,8 @@ async def history_csv(
 ) -> Stream:
     services = services_of(request)
     filters = parse_filters(key, status, since, until)
+    if filters.errors:  # an export of other rows than asked for would pass for the one asked for
+        raise InvalidRequest("; ".join(filters.errors))
     now = utcnow()
     # Rows arriving during the export would shift the pages; the export ends at the moment it started.
     query = filters.query

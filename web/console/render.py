@@ -119,8 +119,10 @@ def error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]
         status, message = exc.status_code, str(exc.detail)
     else:
         raise exc
+    # The routers' response_headers reach handlers' responses only, not those of exception handlers.
+    headers = {**PAGE_HEADERS, **PRIVATE_HEADERS}
     if request.headers.get("hx-request") == "true":
-        return Response(message, status_code=status, media_type="text/plain", headers=PRIVATE_HEADERS)
+        return Response(message, status_code=status, media_type="text/plain", headers=headers)
     titles = {400: "Bad request", 404: "Not found", 409: "Conflict", 429: "Too many requests"}
     context = {"status": status, "title": titles.get(status, "Refused"), "message": message, "back": "/admin"}
-    return Template(template_name="error.html", context=context, status_code=status, headers=PRIVATE_HEADERS)
+    return Template(template_name="error.html", context=context, status_code=status, headers=headers)

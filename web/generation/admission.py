@@ -4,11 +4,14 @@ concurrency cap, and the atomic quota reservation that writes its history row. A
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from math import ceil
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from engine import EngineError, SamplingParams
 from web.errors import (
@@ -17,10 +20,12 @@ from web.errors import (
     InsufficientQuota,
     InvalidRequest,
     ServiceUnavailable,
+    StorageUnavailable,
     from_engine_error,
 )
 from web.generation.run import Generation
 from web.history.record import INSERT_REQUEST, RequestLog
+from web.history.writer import describe
 from web.keys import quota
 from web.keys.service import KeyInfo, next_period_start, period_start
 from web.models import utcnow
@@ -28,7 +33,9 @@ from web.models import utcnow
 if TYPE_CHECKING:
     from web.state import Services
 
+logger = logging.getLogger("web.generation")
 B = TypeVar("B")
+SQLITE_INT_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,7 @@ async def admit(
         prepared = await prepare(body)
         log.prompt_text = prepared.prompt_text if services.config.store_text else None
         log.prompt_tokens = len(prepared.prompt_ids)
-        log.max_tokens_requested = prepared.max_tokens
+        log.max_tokens_requested = _storable(prepared.max_tokens)
         info = services.client.model_info
         assert info is not None  # ready implies a loaded model
         max_tokens = apply_max_tokens(
@@ -105,17 +112,21 @@ async def admit(
         log.reserved_tokens = log.prompt_tokens + max_tokens
         if not await _reserve(services, key, log):
             raise await _quota_error(services, key, log)
-    except (AppError, EngineError) as exc:
+    except BaseException as exc:
+        # Nothing was committed (the reservation and the queued row are one transaction): give the slot back.
         if acquired:
             services.limiter.release(key.id)
-        error = exc if isinstance(exc, AppError) else from_engine_error(exc)
-        log.error = error.message
-        log.reserved_tokens = 0
-        services.metrics.observe_rejected(error.code or error.type)
-        await services.history.record_rejected(log)
+        if not isinstance(exc, Exception):  # cancelled: the caller is gone, and so is the chance to say why
+            raise
+        error = _refusal(services, log, exc)
+        log.error, log.reserved_tokens = error.message, 0
+        written = services.history.record_rejected(log)
+        if not (isinstance(error, StorageUnavailable) or services.writer.refusing):
+            await written  # the row is there once the client has its answer, unless storage is down (then queued)
         if error is exc:
             raise
         raise error from None
+    services.writer.retry_now()  # the database just took a write: what it refused before may go through now
 
     def on_close(generation: Generation) -> None:
         services.limiter.release(key.id)
@@ -125,6 +136,28 @@ async def admit(
     generation = Generation(services, log, stream, on_close)
     services.live[log.id] = generation
     return body, generation
+
+
+def _refusal(services: Services, log: RequestLog, exc: Exception) -> AppError:
+    """Why the request is refused, as the client is told; counted in /metrics."""
+    if isinstance(exc, AppError):
+        error = exc
+    elif isinstance(exc, EngineError):
+        error = from_engine_error(exc)
+    elif isinstance(exc, SQLAlchemyError):
+        logger.error("the database refused request %s at admission: %s", log.id, describe(exc))
+        services.metrics.observe_db_error("admission")
+        error = StorageUnavailable("the request history cannot be written right now; retry shortly")
+    else:
+        logger.exception("request %s failed at admission", log.id, exc_info=exc)
+        error = AppError("internal server error")
+    services.metrics.observe_rejected(error.code or error.type)
+    return error
+
+
+def _storable(max_tokens: int | None) -> int | None:
+    """max_tokens as asked, within SQLite's INTEGER: a refusal of 10**30 keeps its row."""
+    return None if max_tokens is None else max(-SQLITE_INT_MAX - 1, min(max_tokens, SQLITE_INT_MAX))
 
 
 async def _reserve(services: Services, key: KeyInfo, log: RequestLog) -> bool:
@@ -169,4 +202,4 @@ async def drain(services: Services, timeout: float) -> None:
         await asyncio.sleep(0.05)
     for generation in list(services.live.values()):
         await generation.close("interrupted", "the server shut down while the request was in flight")
-    await services.writer.flush()
+    await services.writer.flush(timeout=5.0)  # the writer's stop() retries what the database still refuses

@@ -4,6 +4,7 @@ exactly once (finished, cancelled, failed or interrupted) settling the key's quo
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ from web.history.record import RequestLog
 
 if TYPE_CHECKING:
     from web.state import Services
+
+logger = logging.getLogger("web.generation")
 
 
 class Generation:
@@ -47,19 +50,7 @@ class Generation:
 
     async def first(self) -> RequestOutput:
         """The first delta; engine refusals (queue full, context length, dead) become AppErrors here."""
-        try:
-            out = await anext(self._stream)
-        except EngineError as exc:
-            error = from_engine_error(exc)
-            refused = isinstance(exc, QueueFullError | InvalidRequestError)
-            if refused:
-                self.services.metrics.observe_rejected(error.code or error.type)
-            await self.close("rejected" if refused else "failed", error.message)
-            raise error from None
-        except StopAsyncIteration:
-            await self.close("failed", "the engine ended the request without output")
-            raise ServiceUnavailable("the engine ended the request without output") from None
-        self._track(out)
+        out = await self._next(first=True)
         self.services.history.mark_running(self.log)
         return out
 
@@ -69,15 +60,29 @@ class Generation:
     async def __anext__(self) -> RequestOutput:
         if self.final is not None:
             raise StopAsyncIteration
+        return await self._next(first=False)
+
+    async def _next(self, first: bool) -> RequestOutput:
+        """The next delta. Any failure closes the request (its row says why) and leaves as an AppError; only a
+        cancellation (the client went away) leaves the close to the caller."""
         try:
             out = await anext(self._stream)
         except EngineError as exc:
             error = from_engine_error(exc)
-            await self.close("failed", error.message)
+            refused = first and isinstance(exc, QueueFullError | InvalidRequestError)
+            if refused:
+                self.services.metrics.observe_rejected(error.code or error.type)
+            await self.close("rejected" if refused else "failed", error.message)
             raise error from None
         except StopAsyncIteration:
-            await self.close("failed", "the engine ended the request without a final output")
-            raise ServiceUnavailable("the engine ended the request without a final output") from None
+            message = "the engine ended the request without " + ("output" if first else "a final output")
+            await self.close("failed", message)
+            raise ServiceUnavailable(message) from None
+        except Exception:
+            logger.exception("request %s failed", self.request_id)
+            error = AppError("internal server error")
+            await self.close("failed", error.message)
+            raise error from None
         self._track(out)
         return out
 
@@ -106,7 +111,8 @@ class Generation:
         await self.services.client.abort(self.request_id)
 
     async def close(self, status: str | None = None, error: str | None = None) -> None:
-        """Finalize once: stop the engine request if it still runs, then write the row and settle the quota.
+        """Finalize once: stop the engine request if it still runs, then write the row and settle the quota (or,
+        while the database refuses writes, leave both queued to the history writer, which retries them).
 
         status None means "decide from how it ended": finished, or interrupted after a shutdown abort, or
         cancelled when the consumer went away before the end (client disconnect)."""
@@ -134,7 +140,9 @@ class Generation:
                 log.response_text = "".join(self._text)
             self._on_close(self)
             self.services.metrics.observe_request(log)
-            await self.services.history.finalize(log)
+            settled = self.services.history.finalize(log)
+            if not self.services.writer.refusing:  # else it is queued until the database takes it
+                await settled
 
     def error_for_abort(self) -> AppError:
         return ServiceUnavailable(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import msgspec
 from litestar import Request, Router, get
 from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import Struct
@@ -12,6 +13,7 @@ from msgspec import Struct
 from web.errors import InvalidRequest
 from web.history.record import STATUSES
 from web.history.service import HistoryFilter
+from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import RequestRecord
 from web.state import services_of
 from web.system.admin_auth import admin_guard
@@ -59,27 +61,39 @@ def request_view(row: RequestRecord) -> RequestView:
     return RequestView(**{name: getattr(row, name) for name in RequestView.__struct_fields__})
 
 
-def _aware(value: datetime | None, name: str) -> datetime | None:
-    if value is None:
+def utc_time(raw: str | None, name: str) -> datetime | None:
+    """An RFC 3339 date-time with its zone, or Unix seconds, in UTC. Read here rather than by Litestar: msgspec
+    raises a plain ValueError (not a validation error) for a timestamp in the year 10000."""
+    if raw is None:
         return None
+    try:
+        value = msgspec.convert(raw, datetime, strict=False)
+    except (msgspec.ValidationError, ValueError):
+        raise InvalidRequest(
+            f"{name} is neither a date-time (e.g. 2026-01-31T12:00:00Z) nor Unix seconds in the years 1 to 9999",
+            param=name,
+        ) from None
     if value.tzinfo is None:
         raise InvalidRequest(f"{name} needs a time zone (e.g. 2026-01-31T12:00:00Z)", param=name)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is in year 0 in UTC, 9999-12-31T23:59-01:00 in year 10000
+        raise InvalidRequest(f"{name} is outside the years 1 to 9999 in UTC", param=name) from None
 
 
 @get("/")
 async def list_requests(
     request: AnyRequest,
-    key_id: FromQuery[int | None] = None,
+    key_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
     status: FromQuery[str | None] = None,
-    since: FromQuery[datetime | None] = None,
-    until: FromQuery[datetime | None] = None,
+    since: FromQuery[str | None] = None,
+    until: FromQuery[str | None] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
-    offset: Annotated[int, QueryParameter(ge=0)] = 0,
+    offset: Annotated[int, QueryParameter(ge=0, le=SQLITE_INT_MAX)] = 0,
 ) -> RequestPage:
     if status is not None and status not in STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
-    filters = HistoryFilter(key_id, status, _aware(since, "since"), _aware(until, "until"))
+    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"))
     rows, total = await services_of(request).history.list(filters, limit, offset)
     return RequestPage([request_view(r) for r in rows], total, limit, offset)
 

@@ -44,8 +44,9 @@ class HistoryService:
 
         self.writer.submit(write)
 
-    def finalize(self, log: RequestLog) -> asyncio.Future[None]:
-        """Write the terminal row and replace the key's reservation by the tokens charged, in one transaction."""
+    def finalize(self, log: RequestLog) -> asyncio.Future[bool]:
+        """Write the terminal row and replace the key's reservation by the tokens charged, in one transaction
+        (retried until the database takes it; the future says whether it did at the first try)."""
         values, key_id = log.final_values(), log.key_id
         reserved, charged = log.reserved_tokens, log.charged_tokens
 
@@ -56,7 +57,7 @@ class HistoryService:
 
         return self.writer.submit(write)
 
-    def record_rejected(self, log: RequestLog) -> asyncio.Future[None]:
+    def record_rejected(self, log: RequestLog) -> asyncio.Future[bool]:
         """A request refused before admission (bad input, overload, quota) still gets its row."""
         log.status = "rejected"
         values = log.queued_values(finished_at=utcnow())

@@ -20,6 +20,8 @@ from web.models import ApiKey, KeyUsage, utcnow
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
 PERIODS = ("day", "week", "month", "none")
+# SQLite's INTEGER is 64-bit: no id beyond this range can exist, and no limit beyond it can be stored.
+SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 _BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
 
 
@@ -97,8 +99,16 @@ class KeyLimits:
             raise InvalidRequest(f"quota_period must be one of {', '.join(PERIODS)}", param="quota_period")
         for name in ("max_tokens_per_request", "quota_tokens", "max_concurrent"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InvalidRequest(f"{name} must be at least 1 (or null for no limit)", param=name)
+            if value is not None and not 1 <= value <= SQLITE_INT_MAX:
+                raise InvalidRequest(
+                    f"{name} must be between 1 and {SQLITE_INT_MAX} (or null for no limit)", param=name
+                )
+
+
+def _check_id(key_id: int) -> None:
+    """An id SQLite cannot hold names no key (and would not reach the query: the driver refuses it)."""
+    if not SQLITE_INT_MIN <= key_id <= SQLITE_INT_MAX:
+        raise NotFound(f"no API key with id {key_id}", param="key_id")
 
 
 class KeyService:
@@ -173,6 +183,7 @@ class KeyService:
         return KeyInfo.of(row)
 
     async def delete(self, key_id: int) -> None:
+        _check_id(key_id)
         async with self.sessions.begin() as session:
             result = await session.execute(delete(ApiKey).where(ApiKey.id == key_id))
             if result.rowcount == 0:  # type: ignore[attr-defined]
@@ -192,6 +203,7 @@ class KeyService:
             return KeyInfo.of(row), usage
 
     async def _get(self, session: AsyncSession, key_id: int) -> ApiKey:
+        _check_id(key_id)
         row = await session.get(ApiKey, key_id)
         if row is None:
             raise NotFound(f"no API key with id {key_id}", param="key_id")

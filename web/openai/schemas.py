@@ -3,10 +3,13 @@ as OpenAI returns them. Unknown request fields are ignored, as OpenAI's own API 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
+
+# model and user are kept in every history row: a longer one is refused, not stored.
+Name = Annotated[str, Meta(max_length=256)]
 
 
 class ContentPart(Struct, kw_only=True):
@@ -28,7 +31,7 @@ class StreamOptions(Struct, kw_only=True):
 class _SamplingFields(Struct, kw_only=True):
     """Fields the two endpoints share."""
 
-    model: str
+    model: Name
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -36,7 +39,7 @@ class _SamplingFields(Struct, kw_only=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    user: str | None = None
+    user: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from web.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
+from web.errors import InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
 from web.generation.admission import Prepared
 from web.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 from web.state import Services
@@ -19,6 +19,7 @@ T = TypeVar("T")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_LOGPROBS = 20
 THREAD_CHARS = 16_384  # tokenizing more text than this moves off the event loop
+SHOWN_CHARS = 64
 _PATH = re.compile(r"at `\$\.?(.*)`$")
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -37,6 +38,8 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
         raise InvalidRequest(f"invalid request body: {text}", param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise undecodable_body(exc) from None
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:
@@ -50,8 +53,13 @@ def decode_completion(body: bytes) -> CompletionRequest:
 def check_model(services: Services, model: str) -> None:
     if model != services.model_name:
         raise ModelNotFound(
-            f"the model '{model}' does not exist; this server serves '{services.model_name}'", param="model"
+            f"the model {shown(model)} does not exist; this server serves '{services.model_name}'", param="model"
         )
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """A client's string quoted for an error message (which history keeps), cut to `limit` characters."""
+    return f"'{value}'" if len(value) <= limit else f"'{value[:limit]}...' ({len(value)} characters)"
 
 
 def sampling_fields(body: _SamplingFields) -> dict[str, Any]:
@@ -87,10 +95,12 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if role is None:
             if m.role in ("tool", "function"):
                 raise UnsupportedParameter(
-                    f"role '{m.role}' is not supported: this server has no tool calling",
+                    f"role {shown(m.role)} is not supported: this server has no tool calling",
                     param=f"messages[{i}].role",
                 )
-            raise InvalidRequest(f"role '{m.role}' is not one of system, user, assistant", param=f"messages[{i}].role")
+            raise InvalidRequest(
+                f"role {shown(m.role)} is not one of system, user, assistant", param=f"messages[{i}].role"
+            )
         if m.tool_calls:
             raise UnsupportedParameter("tool_calls are not supported", param=f"messages[{i}].tool_calls")
         out.append({"role": role, "content": _text_content(m, i)})
@@ -108,7 +118,7 @@ def _text_content(m: ChatMessage, i: int) -> str:
     for j, part in enumerate(m.content):
         if part.type != "text" or part.text is None:
             raise UnsupportedParameter(
-                f"content part type '{part.type}' is not supported; only text parts are",
+                f"content part type {shown(part.type)} is not supported; only text parts are",
                 param=f"messages[{i}].content[{j}]",
             )
         texts.append(part.text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from web.generation.run import Generation
 from web.openai import formatting as fmt
 from web.openai.schemas import Completion, Delta, UsageBody, encoder
 
+logger = logging.getLogger("web.openai")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
 
@@ -71,6 +73,12 @@ async def start_stream(
     except ClientDisconnected:
         await generation.close()
         return Response(b"", status_code=CLIENT_CLOSED)
+    except BaseException:
+        # first() closes the request on its own failures; this is for anything else (a cancelled handler):
+        # the key's slot and reservation are given back and the row is finalized whatever happened.
+        with anyio.CancelScope(shield=True):
+            await generation.close()
+        raise
 
     async def events() -> AsyncIterator[bytes]:
         # One write per delta: each write is a syscall (and a wake-up of the client), the main cost per token.
@@ -79,13 +87,18 @@ async def start_stream(
             async for out in generation:
                 if data := b"".join(frames(out, False)):
                     yield data
-            await generation.close()  # quota settled before [DONE]: the client's next request sees it
+            await generation.close()  # quota settled before [DONE] (or queued while storage is down)
             if generation.final is not None and generation.final.finish_reason == "abort":
                 yield fmt.sse_error(generation.error_for_abort())
             else:
                 yield b"".join([*closing(), fmt.DONE])
         except AppError as exc:  # the engine died mid-stream: the status line is long gone, say it in-band
             yield fmt.sse_error(exc)
+        except Exception:
+            logger.exception("the stream of request %s failed", generation.request_id)
+            error = AppError("internal server error")
+            await generation.close("failed", error.message)
+            yield fmt.sse_error(error)
         finally:
             # A disconnect cancels this generator's scope; shield the finalization from that cancellation.
             with anyio.CancelScope(shield=True):

@@ -1,5 +1,6 @@
 """The admin credential: a scrypt hash in the database, seeded once from the admin_password setting, checked
-from HTTP Basic (admin:<password>); /metrics also accepts a dedicated bearer token."""
+from HTTP Basic (admin:<password>) or the console's login form, with failed guesses limited per address; /metrics
+also accepts a dedicated bearer token. The admin API refuses what a foreign page can make a browser send."""
 
 from __future__ import annotations
 
@@ -10,19 +11,25 @@ import hashlib
 import hmac
 import secrets
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
+from litestar.exceptions import HTTPException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
+from litestar.status_codes import HTTP_415_UNSUPPORTED_MEDIA_TYPE
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from web.errors import AdminAuthRequired, InvalidRequest
+from web.errors import AdminAuthRequired, InvalidRequest, RateLimited
 from web.models import AdminCredential, utcnow
 from web.state import services_of
+from web.system.login_limiter import LoginLimiter
 
 ADMIN_USER = "admin"
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
 MIN_PASSWORD_CHARS = 8
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+FOREIGN_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site; "same-origin" and "none" are the admin's
 
 
 def hash_password(password: str) -> str:
@@ -53,6 +60,7 @@ class AdminAuth:
         # scrypt costs ~50 ms by design; a console polling every 2 s should not pay it each time. Remember
         # sha256(stored hash + password) of successful checks; a new password changes the stored hash.
         self._verified: set[str] = set()
+        self.failures = LoginLimiter()
 
     async def seed(self, password: str | None) -> bool:
         """Store the first credential if none exists; later starts ignore the setting."""
@@ -93,7 +101,7 @@ class AdminAuth:
         self._verified.add(memo)
         return user_ok
 
-    async def check_admin(self, authorization: str | None) -> None:
+    async def check_admin(self, authorization: str | None, address: str) -> None:
         """Raise AdminAuthRequired unless the header carries the admin's Basic credential."""
         if not authorization or not authorization[:6].lower() == "basic ":
             raise AdminAuthRequired("admin credential required (HTTP Basic, user 'admin')")
@@ -101,13 +109,26 @@ class AdminAuth:
             user, _, password = base64.b64decode(authorization[6:].strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             raise AdminAuthRequired("malformed Basic credential") from None
+        await self.sign_in(user, password, address)
+
+    async def sign_in(self, username: str, password: str, address: str) -> None:
+        """Raise AdminAuthRequired unless these are the admin's user name and password, or RateLimited while this
+        address has failed too often (even with the right password: a guess must not learn it was right)."""
+        wait = self.failures.retry_after(address)
+        if wait:
+            raise RateLimited(
+                f"too many failed admin sign-ins from your address; try again in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
         if not await self.configured():
             raise AdminAuthRequired(
                 "no admin credential is configured: set APPLIANCE_ADMIN_PASSWORD before the first start, "
                 "or run `appliance set-admin-password`"
             )
-        if not await self.verify(user, password):
+        if not await self.verify(username, password):
+            self.failures.failed(address)
             raise AdminAuthRequired("incorrect admin credential")
+        self.failures.succeeded(address)
 
     async def _stored_hash(self) -> str | None:
         async with self.sessions() as session:
@@ -115,18 +136,47 @@ class AdminAuth:
                 select(AdminCredential.password_hash).where(AdminCredential.username == ADMIN_USER)
             )
 
-    async def check_metrics(self, authorization: str | None) -> None:
+    async def check_metrics(self, authorization: str | None, address: str) -> None:
         """/metrics: the metrics bearer token, or the admin credential."""
         if authorization and authorization[:7].lower() == "bearer " and self._metrics_token:
             if hmac.compare_digest(authorization[7:].strip().encode(), self._metrics_token.encode()):
                 return
             raise AdminAuthRequired("incorrect metrics token")
-        await self.check_admin(authorization)
+        await self.check_admin(authorization, address)
+
+
+def client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    return connection.client.host if connection.client else "unknown"
+
+
+def refuse_cross_site(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
+    """A browser that once answered the Basic prompt sends the credential with any request to the appliance, also
+    one a foreign page makes it send (a form post, a no-cors fetch: no preflight). So a state-changing request is
+    refused when the browser says it comes from another site, and a body must be JSON, which no form can send.
+    curl and scripts send neither Origin nor Sec-Fetch-Site."""
+    if connection.scope.get("method", "GET") in SAFE_METHODS:
+        return
+    headers = connection.headers
+    if headers.get("sec-fetch-site", "").lower() in FOREIGN_SITES:
+        raise PermissionDeniedException("cross-site requests to the admin API are refused")
+    origin = headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc.lower() != headers.get("host", "").lower():
+        raise PermissionDeniedException(f"requests from another origin than {headers.get('host', '')!r} are refused")
+    content_type = headers.get("content-type")
+    carries_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    is_json = content_type is not None and content_type.split(";")[0].strip().lower() == "application/json"
+    if (content_type is not None or carries_body) and not is_json:
+        raise HTTPException(
+            "the admin API takes request bodies as application/json only", status_code=HTTP_415_UNSUPPORTED_MEDIA_TYPE
+        )
 
 
 async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    await services_of(connection).admin.check_admin(connection.headers.get("authorization"))
+    refuse_cross_site(connection)
+    admin = services_of(connection).admin
+    await admin.check_admin(connection.headers.get("authorization"), client_address(connection))
 
 
 async def metrics_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    await services_of(connection).admin.check_metrics(connection.headers.get("authorization"))
+    admin = services_of(connection).admin
+    await admin.check_metrics(connection.headers.get("authorization"), client_address(connection))

@@ -22,6 +22,7 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DB_OPERATIONS = ("admission", "history_write", "history_dropped")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -75,6 +76,12 @@ class Metrics:
         self.statuses = Counter(
             "appliance:requests", "Requests by terminal status.", ["status"], registry=self.registry
         )
+        self.db_errors = Counter(
+            "appliance:db_errors", "Database errors by operation: admission (the request was refused 503), "
+            "history_write (kept and retried), history_dropped (lost).", ["operation"], registry=self.registry,
+        )  # fmt: skip
+        for operation in DB_OPERATIONS:  # at 0 from the start, so rate() and alerts see the first error
+            self.db_errors.labels(operation)
         self.registry.register(_EngineCollector(stats, self))
 
     @property
@@ -116,6 +123,9 @@ class Metrics:
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
         self.statuses.labels("rejected").inc()
+
+    def observe_db_error(self, operation: str) -> None:
+        self.db_errors.labels(operation).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,265 @@
+"""The API's OpenAPI document, served to the admin at /admin/api/openapi.json: what Litestar generates from the API
+routers, completed where it cannot see: the /v1 bodies (their handlers decode the raw body themselves), the limits
+the web room enforces, the statuses guards and limits answer, every refusal in OpenAI's error shape, /metrics as
+Prometheus text."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from importlib.metadata import version
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Router, get
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+
+from web.history.record import STATUSES
+from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
+from web.openai.schemas import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from web.openai.service import MAX_LOGPROBS, ROLES
+from web.state import Services, services_of
+from web.system.admin_auth import admin_guard
+
+TITLE = "LLM appliance"
+REF = "#/components/schemas/{name}"
+ERROR = "OpenAIError"
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "additionalProperties": False,
+            "properties": {
+                "message": {"type": "string", "minLength": 1},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+# The /v1 handlers read the raw body and return Response[Any]: Litestar sees neither type.
+V1_TYPES: dict[tuple[str, str], tuple[type | None, type]] = {
+    ("post", "/v1/chat/completions"): (ChatCompletionRequest, ChatCompletion),
+    ("post", "/v1/completions"): (CompletionRequest, Completion),
+    ("get", "/v1/models"): (None, ModelList),
+    ("get", "/v1/models/{model_id}"): (None, ModelCard),
+}
+# What each event of a stream carries: a chunk, an error once the stream has started, or the closing [DONE].
+CHUNKS: dict[str, type] = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions": Completion}
+PUBLIC = ("/health", "/ready")
+BASIC_AUTH = ("/admin/api/", "/metrics")  # the admin's credential, its guesses limited (429)
+STATE_CHANGING = ("post", "put", "patch", "delete")
+# Unix seconds that are a date-time in the years 1 to 9999 (the history filters take either).
+FIRST_SECOND, END_SECOND = -62_135_596_800, 253_402_300_800
+EMPTY = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}  # a feature this server does not have
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def bounded(minimum: int, maximum: int | None = None) -> dict[str, Any]:
+    schema = {"type": "integer", "minimum": minimum}
+    return schema if maximum is None else {**schema, "maximum": maximum}
+
+
+def generated_document(routers: Sequence[Router]) -> dict[str, Any]:
+    """What Litestar generates for these routers, through its public API: an app built only to be read (routers
+    are copied when registered, so they can be registered again)."""
+    config = OpenAPIConfig(title=TITLE, version=version("llm-appliance"), render_plugins=[JsonRenderPlugin()])
+    reader = Litestar(route_handlers=list(routers), openapi_config=config, logging_config=None)
+    return reader.openapi_schema.to_schema()
+
+
+def completed_document(
+    generated: dict[str, Any], model: str | None, max_model_len: int | None, vocab: int | None
+) -> dict[str, Any]:
+    """The generated document completed for the model being served (None while the engine is not ready)."""
+    doc = copy.deepcopy(generated)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    named = {t for pair in V1_TYPES.values() for t in pair if t is not None} | set(CHUNKS.values())
+    _, extra = msgspec.json.schema_components(sorted(named, key=lambda t: t.__name__), ref_template=REF)
+    clash = set(extra) & set(components)
+    assert not clash, f"schema component names used twice: {sorted(clash)}"
+    components.update(extra)
+    shared, chat, completion = _body_limits(max_model_len, vocab)
+    if model is not None:
+        shared["model"] = {"type": "string", "enum": [model]}
+    components["ChatCompletionRequest"]["properties"].update({**shared, **chat})
+    components["CompletionRequest"]["properties"].update({**shared, **completion})
+    for name in ("KeyCreate", "KeyUpdate"):  # forbid_unknown_fields=True
+        components[name]["properties"].update(_key_limits())
+        components[name]["additionalProperties"] = False
+    components[ERROR] = ERROR_SCHEMA
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            _complete_operation(path, method, operation)
+    return doc
+
+
+def _body_limits(max_model_len: int | None, vocab: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """What web/openai/service.py refuses, field by field: the fields both endpoints share, chat's, completions'.
+    The engine's own limits (temperature, top_p, top_k, seed, stop) are its to state."""
+    max_tokens = nullable(bounded(1, max_model_len - 1 if max_model_len else None))  # the prompt takes one at least
+    shared = {
+        "max_tokens": max_tokens,
+        "n": nullable({"const": 1}),
+        "presence_penalty": nullable({"const": 0}),
+        "frequency_penalty": nullable({"const": 0}),
+        "logit_bias": nullable({"type": "object", "maxProperties": 0}),
+    }
+    part = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    }
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
+    common = {"name": nullable({"type": "string"}), "tool_calls": EMPTY}
+    speaker = {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {"role": {"enum": [r for r in ROLES if r != "assistant"]}, "content": content, **common},
+    }
+    assistant = {
+        "type": "object",
+        "required": ["role"],
+        "properties": {"role": {"const": "assistant"}, "content": nullable(content), **common},
+    }
+    chat = {
+        "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [speaker, assistant]}},
+        "max_completion_tokens": max_tokens,
+        "top_logprobs": {**nullable(bounded(0, MAX_LOGPROBS)), "description": "needs logprobs: true"},
+        "tools": EMPTY,
+        "functions": EMPTY,
+        "tool_choice": nullable({"const": "none"}),
+        "response_format": nullable({"type": "object", "properties": {"type": {"const": "text"}}}),
+    }
+    text = {"type": "string", "minLength": 1}
+    tokens = {"type": "array", "minItems": 1, "items": bounded(0, vocab - 1 if vocab else None)}
+    one = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, tokens]}}
+    completion = {
+        "prompt": {"anyOf": [text, tokens, one]},
+        "logprobs": nullable(bounded(0, MAX_LOGPROBS)),
+        "echo": {"const": False},
+        "suffix": nullable({"const": ""}),
+        "best_of": nullable({"const": 1}),
+    }
+    return shared, chat, completion
+
+
+def _key_limits() -> dict[str, Any]:
+    """KeyLimits.check, and a name that is not empty (one of only spaces is refused too: no pattern says strip())."""
+    limit = nullable(bounded(1, SQLITE_INT_MAX))
+    return {
+        "name": {"type": "string", "minLength": 1},
+        "max_tokens_per_request": limit,
+        "quota_tokens": limit,
+        "quota_period": {"enum": list(PERIODS)},
+        "max_concurrent": limit,
+    }
+
+
+def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int]:
+    """The refusals an operation can answer with, by what it takes and what guards it."""
+    statuses = set()
+    if operation.get("parameters") or operation.get("requestBody") or path.startswith("/v1/"):
+        statuses.add(400)
+    if path not in PUBLIC:
+        statuses.add(401)
+    if path.startswith(BASIC_AUTH):
+        statuses.add(429)
+        if method in STATE_CHANGING:
+            statuses |= {403, 415}  # a cross-site request; a body that is not JSON (web/system/admin_auth.py)
+    if "{" in path:
+        statuses.add(404)
+    if "requestBody" in operation:
+        statuses.add(413)
+    if path.startswith("/v1/") and method == "post":
+        statuses |= {404, 429, 503}  # unknown model; key quota or concurrency; engine not ready or overloaded
+    if path == "/ready":
+        statuses.add(503)
+    return statuses
+
+
+def _describe_parameter(path: str, parameter: dict[str, Any]) -> None:
+    """Ids within SQLite's integers, and the history filters as the server reads them."""
+    name = parameter["name"]
+    # Litestar writes a parameter's ge/le as floats: SQLite's largest integer, 2**63 - 1, would read 2**63.
+    if name == "key_id":
+        ids = bounded(SQLITE_INT_MIN, SQLITE_INT_MAX)
+        parameter["schema"] = ids if parameter["in"] == "path" else nullable(ids)
+    elif name == "offset":
+        parameter["schema"] = {**bounded(0, SQLITE_INT_MAX), "default": 0}
+    if path != "/admin/api/requests":
+        return
+    if name == "status":
+        parameter["schema"] = nullable({"enum": list(STATUSES)})
+    elif name in ("since", "until"):
+        seconds = {"type": "number", "minimum": FIRST_SECOND, "exclusiveMaximum": END_SECOND}
+        parameter["schema"] = {"anyOf": [{"type": "string", "format": "date-time"}, seconds]}
+        parameter["description"] = "a date-time with its zone, or Unix seconds; in the years 1 to 9999 in UTC"
+
+
+def _event(chunk: type) -> dict[str, Any]:
+    payload = {"anyOf": [{"$ref": REF.format(name=chunk.__name__)}, {"$ref": REF.format(name=ERROR)}]}
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}, "event": {"const": "message"}},
+    }
+
+
+def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> None:
+    request_type, response_type = V1_TYPES.get((method, path), (None, None))
+    if request_type is not None:
+        schema = {"$ref": REF.format(name=request_type.__name__)}
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    for parameter in operation.get("parameters", []):
+        _describe_parameter(path, parameter)
+    responses = operation["responses"]
+    if response_type is not None:
+        content = {"application/json": {"schema": {"$ref": REF.format(name=response_type.__name__)}}}
+        if request_type is not None:
+            content["text/event-stream"] = {"schema": _event(CHUNKS[path])}
+        responses["200"] = {"description": "OK", "content": content}
+    if path == "/metrics":
+        responses["200"] = {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    error = {"application/json": {"schema": {"$ref": REF.format(name=ERROR)}}}
+    for status in error_statuses(method, path, operation):
+        responses[str(status)] = {"description": "A refusal in OpenAI's error shape", "content": error}
+    responses["5XX"] = {"description": "A server error in OpenAI's error shape", "content": error}
+
+
+def _served_model(services: Services) -> tuple[str | None, int | None, int | None]:
+    info, tokenizer = services.client.model_info, services.client.tokenizer
+    return services.model_name, info.max_model_len if info else None, len(tokenizer) if tokenizer is not None else None
+
+
+def document_router(api: Sequence[Router]) -> Router:
+    """GET /admin/api/openapi.json: the document of `api` and of this route, generated at its first request (the
+    route table does not change) and completed for the model being served at each."""
+    generated: list[dict[str, Any]] = []
+
+    @get("/openapi.json", sync_to_thread=False)
+    def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        if not generated:
+            generated.append(generated_document([*api, router]))
+        return completed_document(generated[0], *_served_model(services_of(request)))
+
+    router = Router(path="/admin/api", route_handlers=[openapi_document], guards=[admin_guard])
+    return router
