@@ -4,6 +4,7 @@ engine dying mid-request and coming back, and the drain at shutdown."""
 import asyncio
 import json
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ async def call_then_disconnect(
     *,
     after_chunks: int | None = None,
     after_s: float | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> list[bytes]:
     """Drive the ASGI app like a server whose client goes away after some body chunks or some seconds."""
     raw = json.dumps(body).encode()
@@ -53,7 +55,16 @@ async def call_then_disconnect(
 
     if after_s is not None:
         asyncio.get_running_loop().call_later(after_s, gone.set)
+
+    async def watch() -> None:
+        while until is not None and not until():
+            await asyncio.sleep(0.01)
+        gone.set()
+
+    watcher = asyncio.create_task(watch()) if until is not None else None
     await asyncio.wait_for(app(scope, receive, send), 10)  # type: ignore[arg-type]
+    if watcher is not None:
+        watcher.cancel()
     return chunks
 
 
@@ -90,7 +101,12 @@ async def test_disconnect_before_the_first_token(in_loop: InLoop, db: sqlite3.Co
 async def test_non_stream_disconnect_mid_generation(in_loop: InLoop, db: sqlite3.Connection) -> None:
     in_loop.fake.token_delay = 0.02
     key = await new_key(in_loop.http)
-    await call_then_disconnect(in_loop.app, key, {**CHAT, "max_tokens": 100, "ignore_eos": True}, after_s=0.3)
+
+    # Leave once a few tokens exist, however slow the machine: a fixed delay may pass before the first one.
+    def some_generated() -> bool:
+        return any(n >= 5 for n in in_loop.fake.generated.values())
+
+    await call_then_disconnect(in_loop.app, key, {**CHAT, "max_tokens": 100, "ignore_eos": True}, until=some_generated)
     await in_loop.services.writer.flush()
     (row,) = rows(db, "SELECT status, completion_tokens FROM requests")
     assert row["status"] == "cancelled" and 0 < row["completion_tokens"] < 100
