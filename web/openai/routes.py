@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from litestar import Request, Response, Router, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 
 from web.errors import InvalidRequest, PayloadTooLarge
-from web.generation.admission import admit
+from web.generation.admission import Prepared, admit
 from web.generation.disconnect import ClientDisconnected
+from web.generation.run import Generation
 from web.history.record import RequestLog
 from web.keys.guard import api_key_guard
 from web.openai import formatting as fmt
@@ -20,6 +22,7 @@ from web.openai.schemas import ChatCompletionRequest, CompletionRequest, ModelCa
 from web.openai.streaming import (
     CLIENT_CLOSED,
     ChatFrames,
+    Collected,
     CompletionFrames,
     collect,
     created_now,
@@ -55,57 +58,63 @@ async def _read_body(request: AnyRequest) -> bytes:
         raise InvalidRequest(f"the request body could not be read: {exc.detail}") from None
 
 
-@post("/chat/completions", status_code=200)
-async def chat_completions(request: AnyRequest) -> Response[Any]:
-    services = services_of(request)
-    log = _new_log(request, "chat.completions", "chatcmpl-")
+Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
+Frames = ChatFrames | CompletionFrames
 
-    async def decode() -> ChatCompletionRequest:
-        body = service.decode_chat(await _read_body(request))
+
+async def _serve(
+    request: AnyRequest,
+    endpoint: str,
+    id_prefix: str,
+    decode_body: Callable[[bytes], Body],
+    prepare: Callable[[Body], Awaitable[Prepared]],
+    frames: Callable[[Generation, str, str, bool], Frames],
+    render: Callable[[RequestLog, Collected, Generation], object],
+) -> Response[Any]:
+    """The path both endpoints share: decode and admit (history row, quota), then stream or collect."""
+    services = services_of(request)
+    log = _new_log(request, endpoint, id_prefix)
+
+    async def decode() -> Body:
+        body = decode_body(await _read_body(request))
         log.model, log.stream, log.user = body.model, body.stream, body.user
         return body
 
-    body, generation = await admit(services, request.state.api_key, log, decode, service.prepare_chat(services))
-    model = log.model
+    body, generation = await admit(services, request.state.api_key, log, decode, prepare)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chat_frames = ChatFrames(generation, log.id, model, include_usage)
-        return await start_stream(request, generation, chat_frames.frames, chat_frames.closing)
+        streamed = frames(generation, log.id, log.model, include_usage)
+        return await start_stream(request, generation, streamed.frames, streamed.closing)
     try:
         done = await collect(request, generation)
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
-    result = fmt.chat_completion(
-        log.id, created_now(), model, done.text, done.logprobs, done.final.finish_reason, usage_of(generation)
-    )
-    return Response(fmt.encoder.encode(result), media_type="application/json")
+    return Response(fmt.encoder.encode(render(log, done, generation)), media_type="application/json")
+
+
+def _chat_body(log: RequestLog, done: Collected, generation: Generation) -> object:
+    reason = done.final.finish_reason
+    return fmt.chat_completion(log.id, created_now(), log.model, done.text, done.logprobs, reason, usage_of(generation))
+
+
+def _completion_body(log: RequestLog, done: Collected, generation: Generation) -> object:
+    logprobs = fmt.completion_logprobs(done.logprobs, 0)
+    reason = done.final.finish_reason
+    return fmt.completion(log.id, created_now(), log.model, done.text, logprobs, reason, usage_of(generation))
+
+
+@post("/chat/completions", status_code=200)
+async def chat_completions(request: AnyRequest) -> Response[Any]:
+    prepare = service.prepare_chat(services_of(request))
+    return await _serve(request, "chat.completions", "chatcmpl-", service.decode_chat, prepare, ChatFrames, _chat_body)
 
 
 @post("/completions", status_code=200)
 async def completions(request: AnyRequest) -> Response[Any]:
-    services = services_of(request)
-    log = _new_log(request, "completions", "cmpl-")
-
-    async def decode() -> CompletionRequest:
-        body = service.decode_completion(await _read_body(request))
-        log.model, log.stream, log.user = body.model, body.stream, body.user
-        return body
-
-    body, generation = await admit(services, request.state.api_key, log, decode, service.prepare_completion(services))
-    model = log.model
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        completion_frames = CompletionFrames(generation, log.id, model, include_usage)
-        return await start_stream(request, generation, completion_frames.frames, completion_frames.closing)
-    try:
-        done = await collect(request, generation)
-    except ClientDisconnected:
-        return Response(b"", status_code=CLIENT_CLOSED)
-    logprobs = fmt.completion_logprobs(done.logprobs, 0)
-    result = fmt.completion(
-        log.id, created_now(), model, done.text, logprobs, done.final.finish_reason, usage_of(generation)
+    prepare = service.prepare_completion(services_of(request))
+    return await _serve(
+        request, "completions", "cmpl-", service.decode_completion, prepare, CompletionFrames, _completion_body
     )
-    return Response(fmt.encoder.encode(result), media_type="application/json")
 
 
 def _model_card(services: Services) -> ModelCard:
