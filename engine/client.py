@@ -222,10 +222,6 @@ class AsyncEngineClient:
         """Ready and heard from recently: a hung engine loop (not just a dead one) fails this."""
         return self.state == "ready" and time.monotonic() - self.last_heartbeat < max_silence
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._collectors)
-
     def _send(self, msg: ToCore) -> None:
         if self.state in ("ready", "loading"):
             self._outbox.put(self._encoder.encode(msg))

@@ -25,27 +25,11 @@ class Timings(msgspec.Struct, frozen=True):
     first_token: float | None
     finished: float | None
 
-    @property
-    def queue_wait(self) -> float | None:
-        return None if self.scheduled is None else self.scheduled - self.arrival
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finished is None else self.finished - self.arrival
-
 
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 class RequestOutput(msgspec.Struct):

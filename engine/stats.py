@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,7 +42,3 @@ def device_memory(device: torch.device) -> tuple[str, int, int]:
         return "VRAM", int(total), int(free)
     vm = psutil.virtual_memory()
     return "RAM", int(vm.total), int(vm.available)
-
-
-def now() -> float:
-    return time.monotonic()
