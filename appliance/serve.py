@@ -94,6 +94,9 @@ def serve(settings: Settings) -> None:
         access_log=False,  # every request has its history row; a log line each would cost CPU under load
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # uvicorn's default of 5 s equals httpx's (and so the openai package's) idle expiry: a client reusing a
+        # connection just as the server closes it gets a bare connection error on a POST it will not retry.
+        timeout_keep_alive=settings.keep_alive_timeout,
         log_config=None,
     )
     notifier = Notifier.from_environment()

@@ -63,6 +63,9 @@ class Settings:
     cpu_threads: int | None = setting(None, "Torch threads on a CPU-only machine (default: cores - 1, min 1).")
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
+    keep_alive_timeout: int = setting(
+        75, "Seconds an idle HTTP connection is kept open; above clients' own idle expiry (httpx: 5 s)."
+    )
     history_retention_days: int = setting(30, "Days request history is kept.")
     store_text: bool = setting(False, "Store prompt and response text in the history (off for privacy).")
     admin_password: str | None = setting(
@@ -182,7 +185,7 @@ def _parse(variable: str, raw: str, hint: Any) -> Any:
 
 def _check(s: Settings) -> None:
     positive = ("port", "max_num_seqs", "max_num_batched_tokens", "max_queue", "kv_cache_bytes")
-    for name in (*positive, "max_body_bytes", "default_max_tokens", "history_retention_days"):
+    for name in (*positive, "max_body_bytes", "default_max_tokens", "history_retention_days", "keep_alive_timeout"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{PREFIX}{name.upper()} must be at least 1, not {getattr(s, name)}")
     if s.port > 65535:

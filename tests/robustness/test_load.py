@@ -3,6 +3,7 @@ with nothing lost and every token accounted three times over (client, history, q
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections import Counter
@@ -129,3 +130,27 @@ async def test_quota_race_never_overspends(server: Server) -> None:
     assert statuses[200] == quota // 70  # the reservations never let one more in than fits
     assert all(e["type"] == "insufficient_quota" and e["code"] == "insufficient_quota" for e in refusals)
     assert dict(outcome) == {"finished": statuses[200], "rejected": statuses[429]}
+
+
+async def test_an_idle_connection_outlives_the_clients_own_expiry(server: Server) -> None:
+    """httpx (and so the openai package) keeps an idle connection for 5 s and then reuses it for a POST it will not
+    retry: the server must not close it first, or such a request dies with a bare connection error (seen as a
+    ReadError under load when both sides used 5 s)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    try:
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(6.0)  # past httpx's keepalive_expiry (5 s), the server's old default
+            writer.write(request)
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 10)
+            assert status.startswith(b"HTTP/1.1 200"), (attempt, status)
+            headers = {}
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                headers[name.strip().lower()] = value.strip()
+            await reader.readexactly(int(headers["content-length"]))
+    finally:
+        writer.close()
