@@ -33,6 +33,20 @@ def test_top_k_one_is_greedy(llm: LLM) -> None:
     assert top1.token_ids == greedy.token_ids
 
 
+def test_greedy_rows_pick_the_first_maximum_among_mixed_rows() -> None:
+    """The CPU greedy path (numpy's argmax) agrees with torch's, ties included, when sampled rows share the batch."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 4096)
+    logits[5, [7, 9, 4000]] = 50.0  # a three-way tie: the first index wins
+    logits[6, :] = 1.0  # all equal: index 0
+    params = [SamplingParams(temperature=0.0) if i % 3 else SamplingParams(temperature=1.0) for i in range(64)]
+    ids = sample(logits, params, [None] * 64).token_ids
+    expected = logits.argmax(dim=-1).tolist()
+    assert [ids[i] for i in range(64) if i % 3] == [expected[i] for i in range(64) if i % 3]
+    assert ids[5] == 7 and ids[7] == expected[7]
+    assert sample(logits[6:7], [SamplingParams(temperature=0.0)], [None]).token_ids == [0]
+
+
 def test_top_k_and_top_p_restrict_the_draw() -> None:
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]] * 400)
     gens = [None] * 400
