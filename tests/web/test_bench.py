@@ -1,0 +1,81 @@
+"""The streaming benchmark (`python -m web.bench`): its load generator's parser, and one small end-to-end run."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+import pytest
+
+from web.bench.load import StreamProtocol
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def chunked(*payloads: bytes) -> bytes:
+    return b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in payloads) + b"0\r\n\r\n"
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    return b"data: " + (payload.encode() if isinstance(payload, str) else msgspec.json.encode(payload)) + b"\n\n"
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_the_load_generator_parses_a_stream_cut_anywhere(seed: int) -> None:
+    """Chunk framing and SSE events split across reads at random points, two events in one chunk, an event
+    split across two chunks: every content delta is stamped once, with the running text length."""
+
+    def delta(text: str) -> dict[str, Any]:
+        return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+
+    first = {"id": "chatcmpl-1", "choices": [{"delta": {"role": "assistant", "content": "Hé"}}]}
+    usage = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
+    split_event = sse(delta(" over"))
+    body = chunked(
+        sse(first), sse(delta(" lo")) + sse(delta("")), split_event[:9], split_event[9:], sse(delta("!")),
+        sse(usage), sse("[DONE]"),
+    )  # fmt: skip
+    response = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(response)), 12))
+    pieces = [response[a:b] for a, b in zip([0, *cuts], [*cuts, len(response)], strict=True)]
+
+    done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    protocol = StreamProtocol(b"POST / HTTP/1.1\r\n\r\n", done)
+    transport = FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    for piece in pieces:
+        protocol.data_received(piece)
+    result = done.result()
+    assert transport.written == b"POST / HTTP/1.1\r\n\r\n" and transport.closed
+    assert result["status"] == "HTTP/1.1 200 OK" and result["id"] == "chatcmpl-1" and result["tokens"] == 4
+    assert [length for _, length in result["stamps"]] == [2, 5, 10, 11]  # "Hé", " lo", " over", "!"
+
+
+def test_the_streaming_benchmark_runs_and_reports_its_figures() -> None:
+    """A small run of the real command: engine alone, then the server with its load generator in a child process."""
+    run = subprocess.run(
+        [sys.executable, "-m", "web.bench", "--clients", "4", "--max-tokens", "6"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert re.search(r"engine alone: +\d+ tokens/s", out), out
+    assert re.search(r"through server: +\d+ tokens/s", out), out
+    assert "(24 deltas matched" in out, out  # every token of every stream met its engine-side stamp
+    assert re.search(r"server added latency per token: p50 [\d.]+ ms +p99 [\d.]+ ms", out), out
