@@ -271,13 +271,7 @@ def _random_model(
     preset_name = config.model.removeprefix(RANDOM_PREFIX)
     preset = get_preset(preset_name)
     cache_root = config.model_cache_dir
-    base_dir = cache_root / f"random-{preset_name}"
-    if not _is_complete(base_dir):
-        report("saving the default tokenizer for the random model …")
-        with _step(f"writing {base_dir}"), _staging_dir(base_dir) as staging:
-            tokenizer = _default_tokenizer(cache_root)
-            preset.hf_config(tokenizer).save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
+    base_dir = random_model_dir(preset_name, cache_root, report)
     with _step(f"reading the tokenizer in {base_dir}"):
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
     hf_config = preset.hf_config(tokenizer)
@@ -295,6 +289,22 @@ def _random_model(
             tokenizer.save_pretrained(staging)
     model = _from_pretrained(weights_dir, config.quantization, device, dtype, attn_implementation, report)
     return model, weights_dir
+
+
+def random_model_dir(preset_name: str, cache_root: Path, report: Progress | None = None) -> Path:
+    """random-<preset>/ under cache_root: the preset's config and the default model's tokenizer, written once.
+
+    Copying this folder to another machine lets it build the random model without the bundled GGUF."""
+    preset = get_preset(preset_name)
+    base_dir = cache_root / f"random-{preset_name}"
+    if not _is_complete(base_dir):
+        if report is not None:
+            report("saving the default tokenizer for the random model …")
+        with _step(f"writing {base_dir}"), _staging_dir(base_dir) as staging:
+            tokenizer = _default_tokenizer(cache_root)
+            preset.hf_config(tokenizer).save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+    return base_dir
 
 
 def _default_tokenizer(cache_root: Path) -> PreTrainedTokenizerBase:
