@@ -89,7 +89,7 @@ def capacity(loaded: LoadedModel, config: EngineConfig, args: argparse.Namespace
     for i in range(args.streams):
         prompt = [(100 + i * 7919 + j * 104729) % (vocab - 100) + 100 for j in range(args.stream_prompt)]
         core.add_request(f"s{i}", prompt, params)
-    held, decoding_steps, steps, finished = 0, 0, 0, 0
+    held, steps, finished = 0, 0, 0
     started = time.monotonic()
     while core.has_work() and time.monotonic() - started < args.seconds:
         outputs = core.step()
@@ -98,7 +98,6 @@ def capacity(loaded: LoadedModel, config: EngineConfig, args: argparse.Namespace
         running = core.scheduler.running
         decoding = sum(1 for r in running if r.num_computed_tokens >= r.num_prompt_tokens)
         held = max(held, decoding)
-        decoding_steps += decoding > 0
     stats = core.stats()
     result = {
         "streams_sent": args.streams,
