@@ -4,8 +4,9 @@
 # and a short text table.
 #
 #   bench/gpu.sh --prepare       here, with network and the project's venv: fetches the wheels a GPU test machine
-#                                lacks (bitsandbytes, msgspec; Python 3.12, manylinux) and writes the random
-#                                presets' tokenizer folders, all into .gpu-carry/ (git-ignored, about 45 MB)
+#                                lacks or has in another version (bitsandbytes, msgspec, transformers; Python 3.12)
+#                                and the tokenizer folder of the random presets, into .gpu-carry/ (git-ignored,
+#                                about 60 MB: the device tool carries at most 64 MiB with the repo)
 #   bench/gpu.sh [--out DIR]     on the GPU machine, offline: installs .gpu-carry/wheels into a private folder,
 #                                runs the tests and the benchmark; results in DIR (default artifacts/gpu)
 #   bench/gpu.sh --dry-run       anywhere: the same on the CPU with random:tiny, to check the script; the figures
@@ -15,7 +16,10 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${GPU_CARRY:-$ROOT/.gpu-carry}
-PYTHON=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    [ -x "$ROOT/.venv/bin/python" ] && PYTHON=$ROOT/.venv/bin/python
+fi
 OUT_DIR=$ROOT/artifacts/gpu
 MODE=gpu
 BENCH_ARGS=()
@@ -24,27 +28,26 @@ while [ $# -gt 0 ]; do
     case $1 in
         --prepare) MODE=prepare ;;
         --dry-run) MODE=dry-run ;;
-        --out) OUT_DIR=$2; shift ;;
+        --out) OUT_DIR=${2:?--out needs a folder}; shift ;;
         --out=*) OUT_DIR=${1#--out=} ;;
-        -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) BENCH_ARGS+=("$1") ;;
     esac
     shift
 done
 
+case $OUT_DIR in /*) ;; *) OUT_DIR=$PWD/$OUT_DIR ;; esac  # relative to where it was called from
 cd "$ROOT"
 
 if [ "$MODE" = prepare ]; then
     mkdir -p "$CARRY/wheels" "$CARRY/data/models"
     "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$CARRY/wheels" bitsandbytes==0.50.2 msgspec==0.22.0
+        -d "$CARRY/wheels" bitsandbytes==0.50.2 msgspec==0.22.0 transformers==5.24.0
     APPLIANCE_DATA_DIR=$CARRY/data "$PYTHON" -c '
-import sys
 from engine.config import EngineConfig
 from engine.loader import random_model_dir
-for preset in ("tiny", "llama-1b", "llama-8b"):
-    print(random_model_dir(preset, EngineConfig().model_cache_dir))
+print(random_model_dir("tiny", EngineConfig().model_cache_dir))  # the other presets take its tokenizer there
 '
     du -sh "$CARRY"
     exit 0
@@ -52,6 +55,7 @@ fi
 
 if [ -d "$CARRY/wheels" ] && [ "$MODE" = gpu ]; then
     SITE=$(mktemp -d)
+    trap 'rm -rf "$SITE"' EXIT
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$CARRY"/wheels/*.whl
     export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 else
@@ -74,6 +78,11 @@ echo "== benchmark" >&2
 if [ "$MODE" = dry-run ]; then
     BENCH_ARGS=(--dry-run "${BENCH_ARGS[@]}")
 fi
+set +e
 "$PYTHON" -m engine.bench.gpu --out "$OUT_DIR" "${BENCH_ARGS[@]}"
+BENCH=$?
+set -e
 echo "results: $OUT_DIR/gpu.json, $OUT_DIR/gpu.txt, $OUT_DIR/gpu-tests.txt" >&2
+# Non-zero when a test failed or a benchmark run failed (its error is in gpu.json and gpu.txt).
+[ "$TESTS" -eq 0 ] && exit "$BENCH"
 exit "$TESTS"

@@ -23,11 +23,14 @@ import json
 import math
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from engine.attention import ATTENTION_NAME
 from engine.bench.__main__ import print_table, ratios
@@ -128,19 +131,30 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
     )
 
 
-def policies(loaded: LoadedModel, config: EngineConfig, spec: WorkloadSpec) -> list[RunResult]:
-    """config carries num_kv_blocks, so every run, transformers' too, gets the same pool."""
+def policies(loaded: LoadedModel, config: EngineConfig, spec: WorkloadSpec, errors: dict[str, str]) -> list[RunResult]:
+    """config carries num_kv_blocks, so every run, transformers' too, gets the same pool. A run that fails is
+    recorded in `errors` and the others still run (the GPU machine's transformers may differ from ours)."""
     assert config.num_kv_blocks is not None
+    num_blocks = config.num_kv_blocks
     workload = make_workload(spec, len(loaded.tokenizer))
+    runs: list[tuple[str, Callable[[], RunResult]]] = [
+        *((p, lambda p=p: run_engine(loaded, config, p, workload, _ignore)) for p in ENGINE_POLICIES),
+        ("transformers-cb", lambda: run_transformers_cb(loaded, config, num_blocks, workload, _ignore)),
+    ]
     results: list[RunResult] = []
-    for policy in ENGINE_POLICIES:
-        print(f"  {policy} …", file=sys.stderr, flush=True)
-        results.append(run_engine(loaded, config, policy, workload, lambda n: None))
+    for name, run in runs:
+        print(f"  {name} …", file=sys.stderr, flush=True)
+        try:
+            results.append(run())
+        except Exception as exc:  # one failed run must not lose the others' figures
+            traceback.print_exc()
+            errors[name] = repr(exc)
         _release()
-    print("  transformers-cb …", file=sys.stderr, flush=True)
-    results.append(run_transformers_cb(loaded, config, config.num_kv_blocks, workload, lambda n: None))
-    _release()
     return results
+
+
+def _ignore(_: int) -> None:
+    pass
 
 
 def memory(loaded: LoadedModel, config: EngineConfig) -> dict[str, Any]:
@@ -195,43 +209,61 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --dry-run to check the script on the CPU", file=sys.stderr)
         return 2
     config = engine_config(args)
+    report: dict[str, Any] = {
+        "model": config.model,
+        "quantization": config.quantization,
+        "device": config.device,
+        "dry_run": args.dry_run,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "errors": {},
+    }
     print(f"loading {config.model} ({config.quantization}) on {config.device} …", file=sys.stderr, flush=True)
     loaded = load_model(config, lambda what: print(f"  {what}", file=sys.stderr, flush=True), ATTENTION_NAME)
+    report |= {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device)}
     print("sizing the KV pool …", file=sys.stderr, flush=True)
-    mem = memory(loaded, config)
+    report["memory"] = mem = memory(loaded, config)
+    save(args.out, report)  # each part is kept as soon as it is measured: a later failure loses nothing before it
     config = replace(config, num_kv_blocks=mem["kv_pool_bytes"] // mem["kv_bytes_per_block"])
     print("capacity probe …", file=sys.stderr, flush=True)
-    cap = capacity(loaded, config, args)
+    report["capacity"] = cap = capacity(loaded, config, args)
+    save(args.out, report)
     print("policies …", file=sys.stderr, flush=True)
     spec = workload_spec(args)
-    results = policies(loaded, config, spec)
-    summaries = [r.summary() for r in results]
-    report: dict[str, Any] = {
-        "model": loaded.name,
-        "quantization": loaded.quantization,
-        "device": str(loaded.device),
-        "dry_run": args.dry_run,
-        "capacity": cap,
-        "memory": mem,
-        "policies": {"kv_blocks": config.num_kv_blocks, "runs": summaries},
-        "ratios": ratios(summaries),
-    }
-    r = report["ratios"]
+    summaries = [r.summary() for r in policies(loaded, config, spec, report["errors"])]
+    workload = asdict(spec) | {"rate": None}
+    report["policies"] = {"kv_blocks": config.num_kv_blocks, "workload": workload, "runs": summaries}
+    report["ratios"] = r = ratios(summaries)
     report["bars"] = {
         "100 streams held": cap["streams_held"] >= 100,
         "continuous >= 3x static": r.get("continuous/static tok/s", 0.0) >= 3.0,
         "continuous >= 1.5x transformers-cb": r.get("continuous/transformers-cb tok/s", 0.0) >= 1.5,
     }
-    report["policies"]["workload"] = asdict(spec) | {"rate": None}
     runs_table = io.StringIO()
     with contextlib.redirect_stdout(runs_table):
-        print_table({**report, "workload": report["policies"]["workload"], "runs": summaries, "overhead": None})
+        print_table({**report, "workload": workload, "runs": summaries, "overhead": None})
     text = runs_table.getvalue().strip() + "\n\n" + table(report) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    for name, error in report["errors"].items():
+        text += f"{name} failed: {error}\n"
+    save(args.out, report)
     (args.out / "gpu.txt").write_text(text)
     print(text, end="")
-    return 0
+    return 1 if report["errors"] else 0
+
+
+def save(out: Path, report: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a percentile over nothing is written as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

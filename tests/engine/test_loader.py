@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -10,9 +11,18 @@ import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from engine import loader
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
-from engine.loader import PRESETS, LoadedModel, default_model_path, load_model, resolve_device, resolve_dtype
+from engine.loader import (
+    PRESETS,
+    LoadedModel,
+    default_model_path,
+    load_model,
+    random_model_dir,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 @pytest.fixture(scope="session")
@@ -160,3 +170,23 @@ def test_device_and_dtype_resolution() -> None:
         assert resolve_device("auto") == torch.device("cpu")
         with pytest.raises(ModelLoadError, match="no CUDA"):
             resolve_device("cuda")
+
+
+def test_random_presets_take_a_carried_tokenizer_without_the_bundled_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare GPU machine gets one random-<preset>/ folder instead of the bundled package (bench/gpu.sh
+    --prepare); every other preset then builds its folder from that tokenizer."""
+    carried = random_model_dir("tiny", tmp_path / "here")
+    there = tmp_path / "there"
+    shutil.copytree(carried, there / carried.name)
+
+    def not_installed() -> Path:
+        raise ModelLoadError("the default model is not installed")
+
+    monkeypatch.setattr(loader, "default_model_path", not_installed)
+    built = random_model_dir("llama-8b", there)
+    assert (built / "config.json").is_file() and (built / "tokenizer.json").is_file()
+    assert (built / "tokenizer.json").read_bytes() == (carried / "tokenizer.json").read_bytes()
+    with pytest.raises(ModelLoadError, match="not installed"):
+        random_model_dir("llama-1b", tmp_path / "empty")

@@ -133,6 +133,8 @@ async def through_server(args: argparse.Namespace) -> dict[str, Any]:
         server_cpu = cpu_seconds() - cpu_before
         server.should_exit = True
         await serving
+        if load.returncode != 0:
+            raise SystemExit(f"the load generator failed (exit {load.returncode}); its reason is above")
     return {**msgspec.json.decode(out), "server_cpu": server_cpu, "clock": clock}
 
 

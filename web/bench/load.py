@@ -47,14 +47,19 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class StreamError(Exception):
+    """A stream that did not end as a complete 200 response with [DONE]: the benchmark stops rather than count it."""
+
+
 class StreamProtocol(asyncio.Protocol):
-    """One streamed request on its own connection (Connection: close); `done` resolves with its result."""
+    """One streamed request on its own connection (Connection: close); `done` resolves with its result, or fails
+    with StreamError on a non-200 status, an in-band error event, a malformed frame or a cut connection."""
 
     def __init__(self, request: bytes, done: asyncio.Future[dict[str, Any]]) -> None:
         self.request, self.done = request, done
         self.raw = b""  # bytes not yet parsed as HTTP (headers, then chunk framing)
         self.events = b""  # chunk payloads not yet split into SSE events
-        self.in_body = False
+        self.in_body = self.complete = self.saw_done = False
         self.status = b""
         self.stamps: list[tuple[float, int]] = []
         self.length = self.tokens = 0
@@ -66,19 +71,25 @@ class StreamProtocol(asyncio.Protocol):
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        now = time.monotonic()
-        raw = self.raw + data
+        try:
+            self._parse(time.monotonic(), self.raw + data)
+        except Exception as exc:  # any parse failure ends this stream as a failure
+            self._end(exc if isinstance(exc, StreamError) else StreamError(f"malformed response: {exc!r}"))
+
+    def _parse(self, now: float, raw: bytes) -> None:
         if not self.in_body:
             end = raw.find(b"\r\n\r\n")
             if end < 0:
                 self.raw = raw
                 return
             self.status, self.in_body, raw = raw[: raw.find(b"\r\n")], True, raw[end + 4 :]
-        pos, complete = 0, False
+            if not self.status.startswith(b"HTTP/1.1 200"):
+                raise StreamError(f"{self.status.decode(errors='replace')}: {raw[:300]!r}")
+        pos = 0
         while (eol := raw.find(b"\r\n", pos)) >= 0:
-            size = int(raw[pos:eol], 16)
+            size = int(raw[pos:eol].split(b";", 1)[0], 16)  # a chunk size may carry extensions after ";"
             if size == 0:  # the last chunk: the response is complete
-                complete = True
+                self.complete = True
                 break
             if len(raw) < eol + 2 + size + 2:
                 break
@@ -87,13 +98,16 @@ class StreamProtocol(asyncio.Protocol):
         self.raw = raw[pos:]
         while (cut := self.events.find(b"\n\n")) >= 0:
             event, self.events = self.events[:cut], self.events[cut + 2 :]
-            self._event(event[6:], now)
-        if complete:
-            self._finish()
+            self._event(event.removeprefix(b"data: "), now)
+        if self.complete:
+            self._end(None if self.saw_done else StreamError("the stream ended without data: [DONE]"))
 
     def _event(self, data: bytes, now: float) -> None:
         if data == b"[DONE]":
+            self.saw_done = True
             return
+        if data.startswith(b'{"error"'):
+            raise StreamError(f"in-band error: {data[:300].decode(errors='replace')}")
         chunk = _decode_chunk(data)
         self.rid = chunk.id
         if chunk.usage is not None:
@@ -104,12 +118,17 @@ class StreamProtocol(asyncio.Protocol):
                 self.stamps.append((now, self.length))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._finish()
+        if not self.complete:
+            self._end(StreamError(f"the connection closed before the stream ended ({exc!r})"))
 
-    def _finish(self) -> None:
+    def _end(self, error: StreamError | None) -> None:
         if self.transport is not None:
             self.transport.close()
-        if not self.done.done():
+        if self.done.done():
+            return
+        if error is not None:
+            self.done.set_exception(error)
+        else:
             status = self.status.decode(errors="replace")
             self.done.set_result({"id": self.rid, "stamps": self.stamps, "tokens": self.tokens, "status": status})
 
@@ -148,9 +167,13 @@ def main() -> None:
     try:
         import uvloop
     except ImportError:
-        result = asyncio.run(coro)
+        runner = asyncio.run
     else:
-        result = uvloop.run(coro)
+        runner = uvloop.run
+    try:
+        result = runner(coro)
+    except StreamError as exc:
+        sys.exit(f"load generator: a stream failed, so no figures: {exc}")
     sys.stdout.buffer.write(msgspec.json.encode(result))
 
 
