@@ -29,7 +29,7 @@ def reference(core: EngineCore, prompt: list[int], max_tokens: int, ignore_eos: 
             pad_token_id=0,
         )
         with torch.inference_mode():
-            out = model.generate(torch.tensor([prompt]), generation_config=gen)
+            out = model.generate(torch.tensor([prompt], device=core.loaded.device), generation_config=gen)
     finally:
         model.config._attn_implementation = paged
     return out[0, len(prompt) :].tolist()

@@ -7,10 +7,11 @@ import importlib.util
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.presets import PRESETS
+from tests.engine.test_equivalence import reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,20 +19,6 @@ pytestmark = [
 ]
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
 GIB = 1 << 30
-
-
-def reference(llm: LLM, prompt: list[int], max_tokens: int) -> list[int]:
-    """Greedy continuation of one prompt alone, by transformers' generate with its own SDPA attention."""
-    model = llm.core.loaded.model
-    paged = model.config._attn_implementation
-    model.config._attn_implementation = "sdpa"
-    try:
-        gen = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
-        with torch.inference_mode():
-            out = model.generate(torch.tensor([prompt], device=llm.core.loaded.device), generation_config=gen)
-    finally:
-        model.config._attn_implementation = paged
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -48,7 +35,7 @@ def test_greedy_equals_transformers_generate_on_cuda(dtype: str) -> None:
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     results = llm.generate(prompts, params)
     for prompt, result in zip(prompts, results, strict=True):
-        expected = reference(llm, prompt, 24)
+        expected = reference(llm.core, prompt, 24, ignore_eos=True)
         if dtype == "float32":
             assert result.token_ids == expected
         else:
