@@ -13,6 +13,7 @@ from types import FrameType
 
 import uvicorn
 
+from appliance.connections import ConnectionGuard, fit_open_file_limit, guarded_protocol
 from appliance.sdnotify import Notifier, watchdog_interval
 from appliance.settings import Settings
 from appliance.supervisor import Supervisor
@@ -86,6 +87,7 @@ def serve(settings: Settings) -> None:
     client = AsyncEngineClient(engine_config(settings), auto_restart=True)
     app = create_app(settings, client)
     services: Services = app.state.services
+    guard = ConnectionGuard(fit_open_file_limit(settings.max_connections), settings.request_read_timeout)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -96,7 +98,8 @@ def serve(settings: Settings) -> None:
         # uvloop and httptools (both dependencies): per streamed token they cost the server a third less CPU than
         # asyncio and h11, which is what keeps 100 streams within a few ms of the engine (python -m web.bench).
         loop="uvloop",
-        http="httptools",
+        # httptools, with a deadline to send each request and a cap on connections (appliance.connections).
+        http=guarded_protocol(guard),
         timeout_graceful_shutdown=5,
         # uvicorn's default of 5 s equals httpx's (and so the openai package's) idle expiry: a client reusing a
         # connection just as the server closes it gets a bare connection error on a POST it will not retry.

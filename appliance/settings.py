@@ -66,6 +66,12 @@ class Settings:
     keep_alive_timeout: int = setting(
         75, "Seconds an idle HTTP connection is kept open; above clients' own idle expiry (httpx: 5 s)."
     )
+    request_read_timeout: float = setting(
+        30.0, "Seconds a client has to send a whole request (headers and body) once it starts; 408 beyond."
+    )
+    max_connections: int = setting(
+        2048, "Most open HTTP connections; beyond it a new one replaces the oldest idle one, or gets 503."
+    )
     history_retention_days: int = setting(30, "Days request history is kept.")
     store_text: bool = setting(False, "Store prompt and response text in the history (off for privacy).")
     admin_password: str | None = setting(
@@ -185,11 +191,14 @@ def _parse(variable: str, raw: str, hint: Any) -> Any:
 
 def _check(s: Settings) -> None:
     positive = ("port", "max_num_seqs", "max_num_batched_tokens", "max_queue", "kv_cache_bytes")
-    for name in (*positive, "max_body_bytes", "default_max_tokens", "history_retention_days", "keep_alive_timeout"):
+    limits = ("max_body_bytes", "default_max_tokens", "history_retention_days", "keep_alive_timeout", "max_connections")
+    for name in (*positive, *limits):
         if getattr(s, name) < 1:
             raise SettingsError(f"{PREFIX}{name.upper()} must be at least 1, not {getattr(s, name)}")
     if s.port > 65535:
         raise SettingsError(f"{PREFIX}PORT must be at most 65535, not {s.port}")
+    if s.request_read_timeout <= 0:
+        raise SettingsError(f"{PREFIX}REQUEST_READ_TIMEOUT must be > 0, not {s.request_read_timeout}")
     if s.drain_timeout < 0:
         raise SettingsError(f"{PREFIX}DRAIN_TIMEOUT must be >= 0, not {s.drain_timeout}")
     if s.log_level not in ("debug", "info", "warning", "error"):

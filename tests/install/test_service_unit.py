@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.connections import RESERVED_FILES
 from appliance.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,3 +100,10 @@ def test_example_env_file_is_accepted_by_the_appliance() -> None:
     state_directory = service_settings()["StateDirectory"][0]
     assert settings.data_dir == f"/var/lib/{state_directory}"
     assert service_settings()["EnvironmentFile"] == ["-/etc/llm-appliance/appliance.env"]
+
+
+def test_open_files_allow_every_connection() -> None:
+    """Each HTTP connection is a file: the unit's LimitNOFILE must hold the connection cap and the process's own
+    files, or the service keeps systemd's soft default of 1,024 (issue 17, S1)."""
+    limit = service_settings().get("LimitNOFILE", ["1024"])
+    assert int(limit[0]) >= Settings().max_connections + RESERVED_FILES
