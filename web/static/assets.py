@@ -32,6 +32,36 @@ ASSETS = (
         "htmx.min.js",
         "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717",
     ),
+    # The chat's Markdown: markdown-it parses (raw HTML off), DOMPurify sanitizes what it wrote, highlight.js
+    # colours code. Their ES-module browser builds, so the chat's modules import them without globals.
+    Asset(
+        "markdown-it",
+        "15.0.3",
+        "package/dist/browser/markdown-it.esm.min.mjs",
+        "markdown-it.min.js",
+        "d5432491790141da046b1197353705db03264f40b5727f3b4b591f5aba193e30",
+    ),
+    Asset(
+        "dompurify",
+        "3.5.0",
+        "package/dist/purify.es.mjs",
+        "purify.js",
+        "5e8c53cd086a012531fc754ee6a7ad7a02e8a06fc4dadd805b912e128c3f6c58",
+    ),
+    Asset(
+        "@highlightjs/cdn-assets",
+        "11.12.0",
+        "package/es/highlight.min.js",
+        "highlight.min.js",
+        "1ed8fc5256b738b8875b74e4d3f0754f60d6411fb034d618dfbc4e6e6c9999d7",
+    ),
+    Asset(
+        "@highlightjs/cdn-assets",
+        "11.12.0",
+        "package/styles/github.min.css",
+        "highlight-github.min.css",
+        "3a9a5def8b9c311e5ae43abde85c63133185eed4f0d9f67fea4b00a8308cf066",
+    ),
 )
 
 
