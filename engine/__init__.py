@@ -16,8 +16,9 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
-from engine.messages import EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
+from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
 from engine.sampling_params import SamplingParams
+from engine.tenant import Tenant
 
 if TYPE_CHECKING:
     from engine.llm import LLM, CompletionResult
@@ -48,8 +49,11 @@ __all__ = [
     "ModelInfo",
     "ModelLoadError",
     "QueueFullError",
+    "QueuePosition",
     "RequestOutput",
     "SamplingParams",
+    "Tenant",
+    "TenantStats",
     "Timings",
     "Usage",
 ]

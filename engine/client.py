@@ -35,6 +35,7 @@ from engine.messages import (
     EngineStats,
     FromCore,
     ModelInfo,
+    QueuePosition,
     Ready,
     Rejected,
     RequestOutput,
@@ -44,6 +45,7 @@ from engine.messages import (
     ToCore,
 )
 from engine.sampling_params import SamplingParams
+from engine.tenant import Tenant
 
 log = logging.getLogger("engine.client")
 
@@ -183,6 +185,7 @@ class AsyncEngineClient:
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        tenant: Tenant | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas, the last with finished=True. Raises QueueFullError, InvalidRequestError or
         ContextLengthError at the first item when refused, EngineDeadError when the engine dies. Closing the
@@ -198,7 +201,7 @@ class AsyncEngineClient:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         finished = False
         try:
-            self._send(AddRequest(rid, ids, params, arrival))
+            self._send(AddRequest(rid, ids, params, arrival, tenant))
             while True:
                 out = await collector.get()
                 finished = out.finished
@@ -217,6 +220,19 @@ class AsyncEngineClient:
     def stats(self) -> EngineStats | None:
         """The latest snapshot the engine sent (at most a quarter second old while busy)."""
         return self._stats
+
+    def queue_position(self, request_id: str) -> QueuePosition | None:
+        """Where a waiting request stands in the latest snapshot, with an ETA from the recent admission rate;
+        None once it runs, or while it is beyond the snapshot's list (QUEUE_SNAPSHOT) or not yet in it."""
+        stats = self._stats
+        if stats is None:
+            return None
+        try:
+            position = stats.queue.index(request_id) + 1
+        except ValueError:
+            return None
+        rate = stats.admission_rate
+        return QueuePosition(position, position / rate if rate > 0 else None)
 
     def healthy(self, max_silence: float = 30.0) -> bool:
         """Ready and heard from recently: a hung engine loop (not just a dead one) fails this."""

@@ -11,11 +11,13 @@ from engine.errors import ConfigError
 
 Quantization = Literal["none", "nf4", "fp4", "int8"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-Policy = Literal["continuous", "static", "sequential"]
+# fair: continuous batching, tenants admitted by their fair-share counters (engine.fair); fcfs: continuous
+# batching in arrival order ("continuous" is its older name); static and sequential: the baselines.
+Policy = Literal["fair", "fcfs", "continuous", "static", "sequential"]
 
 QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "fp4", "int8")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
-POLICIES: tuple[str, ...] = ("continuous", "static", "sequential")
+POLICIES: tuple[str, ...] = ("fair", "fcfs", "continuous", "static", "sequential")
 
 
 def default_cache_dir() -> Path:
@@ -48,7 +50,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_queue: int = 1024
-    policy: Policy = "continuous"
+    policy: Policy = "fair"
     enable_prefix_caching: bool = True
     seed: int = 0
     cache_dir: str | None = None

@@ -17,13 +17,14 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, InvalidRequestError
 from engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
 from engine.loader import LoadedModel, load_model
-from engine.messages import EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
+from engine.messages import QUEUE_SNAPSHOT, EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampler import TopLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
 from engine.stats import StatsTracker, device_memory
+from engine.tenant import DEFAULT_TENANT, Tenant
 
 
 class EngineCore:
@@ -115,8 +116,10 @@ class EngineCore:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        tenant: Tenant | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError (ContextLengthError) or QueueFullError."""
+        """Queue a request for tenant (None: the one anonymous default tenant); raises InvalidRequestError
+        (ContextLengthError) or QueueFullError."""
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
@@ -128,6 +131,7 @@ class EngineCore:
             params=params,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids,
+            tenant=tenant or DEFAULT_TENANT,
         )
         self.scheduler.add_request(req)
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
@@ -242,6 +246,9 @@ class EngineCore:
             recent_ttft=list(t.recent_ttft),
             recent_tpot=list(t.recent_tpot),
             time=now,
+            tenants=self.scheduler.book.snapshot(now),
+            queue=[r.request_id for r in self.scheduler.waiting.ordered(QUEUE_SNAPSHOT)],
+            admission_rate=self.scheduler.book.admission_rate,
         )
 
 

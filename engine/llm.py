@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import Logprob, RequestOutput, Timings, Usage
 from engine.sampling_params import SamplingParams
+from engine.tenant import Tenant
 
 Prompt = str | Sequence[int]
 
@@ -46,9 +47,10 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_step: Callable[[list[RequestOutput]], None] | None = None,
+        tenant: Tenant | None = None,
     ) -> list[CompletionResult]:
-        """Generate for every prompt (strings or token-id lists), params one for all or one per prompt.
-        Results come back in prompt order."""
+        """Generate for every prompt (strings or token-id lists), params one for all or one per prompt, all on
+        behalf of tenant (None: the anonymous default tenant). Results come back in prompt order."""
         prompt_list = _prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(prompt_list)
@@ -62,7 +64,7 @@ class LLM:
             self._next_id += 1
             ids = self.encode(prompt)
             results[rid] = CompletionResult(rid, ids)
-            self.core.add_request(rid, ids, p)
+            self.core.add_request(rid, ids, p, tenant=tenant)
         while self.core.has_work():
             outputs = self.core.step()
             if on_step is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from engine.sampling_params import SamplingParams
+from engine.tenant import Tenant
 
 
 class Logprob(msgspec.Struct, frozen=True, array_like=True):
@@ -59,6 +60,9 @@ class RequestOutput(msgspec.Struct):
         self.timings = later.timings
 
 
+QUEUE_SNAPSHOT = 256  # waiting request ids a snapshot lists: enough for a page to tell "n-th in line"
+
+
 class ModelInfo(msgspec.Struct, frozen=True):
     """What a client needs to know about the served model and the pool."""
 
@@ -74,8 +78,31 @@ class ModelInfo(msgspec.Struct, frozen=True):
     kv_bytes_per_block: int
 
 
+class TenantStats(msgspec.Struct, frozen=True):
+    """One tenant in a snapshot. tokens_per_s: prompt tokens computed plus tokens generated, an exponentially
+    decaying rate over about the last minute. service: its fair-share counter (weighted tokens / weight)."""
+
+    id: str
+    weight: float
+    priority: str
+    running: int
+    waiting: int
+    tokens_per_s: float
+    service: float
+
+
+class QueuePosition(msgspec.Struct, frozen=True):
+    """Where a waiting request stands: 1-based position in projected admission order, and the seconds until
+    its admission at the recent admission rate (None while nothing was admitted lately)."""
+
+    position: int
+    eta_s: float | None
+
+
 class EngineStats(msgspec.Struct, frozen=True):
-    """One snapshot of the engine, built once per step. memory_kind is "VRAM" on CUDA, "RAM" on CPU."""
+    """One snapshot of the engine, built at most every quarter second while busy. memory_kind is "VRAM" on
+    CUDA, "RAM" on CPU. tenants: the busy (or recently busy) tenants. queue: the first waiting request ids in
+    projected admission order (at most QUEUE_SNAPSHOT); admission_rate: requests admitted per second lately."""
 
     running: int
     waiting: int
@@ -99,6 +126,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     recent_ttft: list[float]
     recent_tpot: list[float]
     time: float
+    tenants: list[TenantStats] = []
+    queue: list[str] = []
+    admission_rate: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -113,6 +143,7 @@ class AddRequest(msgspec.Struct, tag="add"):
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+    tenant: Tenant | None = None
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):

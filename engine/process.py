@@ -85,7 +85,7 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
 
 def _add(core: EngineCore, msg: AddRequest) -> Rejected | None:
     try:
-        core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time)
+        core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time, msg.tenant)
     except QueueFullError as exc:
         return Rejected(msg.request_id, "queue_full", str(exc))
     except ContextLengthError as exc:

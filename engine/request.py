@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
+from engine.tenant import DEFAULT_TENANT, Tenant
 
 
 class RequestStatus(enum.Enum):
@@ -43,6 +44,7 @@ class Request:
     params: SamplingParams
     arrival_time: float
     eos_token_ids: frozenset[int] = frozenset()
+    tenant: Tenant = DEFAULT_TENANT
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING

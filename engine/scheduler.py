@@ -1,5 +1,8 @@
-"""Iteration-level scheduler: FCFS queue, token budget with chunked prefill, admission by free KV blocks,
-preemption by recompute, and the continuous / static / sequential policies. Pure Python, no torch.
+"""Iteration-level scheduler: waiting queue, token budget with chunked prefill, admission by free KV blocks,
+preemption by recompute, and the fair / fcfs / static / sequential policies. Pure Python, no torch.
+
+fair admits the tenant with the smallest fair-share counter first and takes a seat back for a tenant below its
+share (engine.fair); fcfs ("continuous") admits in arrival order. Both refill seats at every step.
 
 It is the only place that changes a request's status and computed-token count.
 """
@@ -7,13 +10,16 @@ It is the only place that changes a request's status and computed-token count.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.errors import ContextLengthError, QueueFullError
+from engine.fair import TenantBook
+from engine.queues import FairQueue, FcfsQueue, WaitingQueue
 from engine.request import Request, RequestStatus
+
+CONTINUOUS_POLICIES = ("fair", "fcfs", "continuous")
 
 
 @dataclass(slots=True)
@@ -30,7 +36,8 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)  # for KV blocks
+    reclaimed: list[Request] = field(default_factory=list)  # seats taken back for a tenant below its share
     num_batched_tokens: int = 0
 
     @property
@@ -44,7 +51,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     max_queue: int
     max_model_len: int
-    policy: str = "continuous"
+    policy: str = "fair"
 
 
 class Scheduler:
@@ -57,8 +64,9 @@ class Scheduler:
         self.limits = limits
         self.blocks = block_manager
         self.clock = clock
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order: the last is the newest, preempted first
+        self.book = TenantBook()  # kept under every policy: the per-tenant stats come from it
+        self.waiting: WaitingQueue = FairQueue(self.book) if limits.policy == "fair" else FcfsQueue()
+        self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
 
@@ -86,7 +94,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.check_fits(request.num_prompt_tokens, request.params.max_tokens)
-        self.waiting.append(request)
+        self.book.arrive(request)
+        self.waiting.push(request)
         self.requests[request.request_id] = request
 
     def has_work(self) -> bool:
@@ -101,24 +110,32 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if self._allocate_or_preempt(req, req.num_computed_tokens + n, out):
+            if self.blocks.allocate_slots(req.request_id, req.num_computed_tokens + n):
                 out.scheduled.append(ScheduledRequest(req, n))
                 budget -= n
                 i += 1
+                continue
+            # No free block: preempt the newest request of the tenant that received the most (req itself
+            # perhaps); one already scheduled this step gives its tokens back.
+            v = self.book.kv_victim(self.running) if self.limits.policy == "fair" else len(self.running) - 1
+            victim = self.running.pop(v)
+            out.preempted.append(victim)
+            if v < i:
+                budget += self._unschedule(victim, out)
+                i -= 1
+            self._preempt(victim)
         if not out.preempted and self._may_admit():
             budget = self._admit(budget, out)
         out.num_batched_tokens = self.limits.max_num_batched_tokens - budget
         return out
 
-    def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Grow req's blocks to num_tokens, preempting the newest running requests while none are free."""
-        while not self.blocks.allocate_slots(req.request_id, num_tokens):
-            victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is req:
-                return False
-        return True
+    def _unschedule(self, req: Request, out: SchedulerOutput) -> int:
+        """Drop req from this step's batch; returns the tokens it had been given."""
+        for k, s in enumerate(out.scheduled):
+            if s.request is req:
+                del out.scheduled[k]
+                return s.num_new_tokens
+        return 0
 
     def _preempt(self, req: Request) -> None:
         self.blocks.free(req.request_id)
@@ -126,38 +143,60 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.book.preempted(req)
+        self.waiting.push_front(req)
 
     def _may_admit(self) -> bool:
         # static and sequential admit a new batch only when the running batch is empty.
-        return self.limits.policy == "continuous" or not self.running
+        return self.limits.policy in CONTINUOUS_POLICIES or not self.running
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:
-        """Admit waiting requests FCFS while seats, blocks and budget allow. A static batch is admitted whole
-        (up to max_num_seqs): members beyond this step's budget join it now and start computing next step."""
+        """Admit waiting requests in the queue's order while seats, blocks and budget allow; under fair, take a
+        seat back for a head that found none (engine.fair). A static batch is admitted whole (up to
+        max_num_seqs): members beyond this step's budget join it now and start computing next step."""
         policy = self.limits.policy
         max_seqs = 1 if policy == "sequential" else self.limits.max_num_seqs
-        while self.waiting and len(self.running) < max_seqs and (budget > 0 or policy == "static"):
-            req = self.waiting[0]
-            tokens = req.all_token_ids
-            hit_blocks, num_cached = self.blocks.get_computed_blocks(tokens)
-            n = min(len(tokens) - num_cached, budget)
-            # A static member holds blocks for its whole prompt from the start: admission is by free blocks.
-            reserve = len(tokens) if policy == "static" else num_cached + n
-            if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
+        while self.waiting and (budget > 0 or policy == "static"):
+            req = self.waiting.peek()
+            n = self._seat(req, budget) if len(self.running) < max_seqs else None
+            if n is not None:
+                if n > 0:
+                    out.scheduled.append(ScheduledRequest(req, n))
+                    budget -= n
+                continue
+            v = self.book.reclaim_victim(req, self.running, max_seqs) if policy == "fair" else None
+            if v is None:
                 break
-            self.waiting.popleft()
-            req.num_computed_tokens = num_cached
-            if req.scheduled_time is None:  # first admission; a preempted request's own blocks are no hit rate
-                self.blocks.record_prefix_lookup(len(tokens), num_cached)
-                req.scheduled_time = self.clock()
-                req.num_cached_prompt_tokens = num_cached
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            if n > 0:
-                out.scheduled.append(ScheduledRequest(req, n))
-                budget -= n
+            victim = self.running.pop(v)
+            out.reclaimed.append(victim)
+            budget += self._unschedule(victim, out)
+            self._preempt(victim)
         return budget
+
+    def _seat(self, req: Request, budget: int) -> int | None:
+        """Admit req, the queue's head, if its blocks can be had: returns how many of its tokens compute this
+        step, or None (nothing changed) when free blocks fall short."""
+        tokens = req.all_token_ids
+        hit_blocks, num_cached = self.blocks.get_computed_blocks(tokens)
+        n = min(len(tokens) - num_cached, budget)
+        # A static member holds blocks for its whole prompt from the start: admission is by free blocks.
+        reserve = len(tokens) if self.limits.policy == "static" else num_cached + n
+        if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
+            return None
+        self.waiting.take(req)
+        req.num_computed_tokens = num_cached
+        charged = 0
+        if req.scheduled_time is None:  # first admission; a preempted request's own blocks are no hit rate
+            self.blocks.record_prefix_lookup(len(tokens), num_cached)
+            req.scheduled_time = self.clock()
+            req.num_cached_prompt_tokens = num_cached
+            # VTC charges the prompt when it is admitted, so one step cannot seat a tenant many times over at
+            # an unchanged counter; recomputing after a preemption is not the tenant's doing and is free.
+            charged = len(tokens) - num_cached
+        self.book.admitted(req, charged)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return n
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Advance computed counts, append sampled tokens, finish requests that hit EOS, a stop token or a
@@ -177,6 +216,7 @@ class Scheduler:
             if token is None:
                 continue
             req.output_token_ids.append(token)
+            self.book.generated(req)
             if req.first_token_time is None:
                 req.first_token_time = now
             advanced.append(req)
@@ -218,10 +258,12 @@ class Scheduler:
         return aborted
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
-        if req.status is RequestStatus.RUNNING:
+        was_running = req.status is RequestStatus.RUNNING
+        if was_running:
             self.running.remove(req)
-        elif req in self.waiting:
+        else:
             self.waiting.remove(req)
+        self.book.left(req, was_running)
         self.blocks.free(req.request_id)
         req.status = status
         req.finished_time = now

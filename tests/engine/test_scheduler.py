@@ -16,10 +16,11 @@ from engine.block_manager import BlockManager
 from engine.errors import ContextLengthError, QueueFullError
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from engine.scheduler import CONTINUOUS_POLICIES, Scheduler, SchedulerLimits, SchedulerOutput
+from engine.tenant import DEFAULT_TENANT, Tenant
 
 EOS = 2
-POLICIES = ("continuous", "static", "sequential")
+POLICIES = ("fair", "continuous", "static", "sequential")
 
 
 class FakeClock:
@@ -72,6 +73,7 @@ class Harness:
         prompt: list[int] | int,
         max_tokens: int = 4,
         script: list[int] | None = None,
+        tenant: Tenant | None = None,
         **params: Any,
     ) -> Request:
         """Queue a request; an int prompt stands for that many distinct tokens unique to this request."""
@@ -84,6 +86,7 @@ class Harness:
             SamplingParams(max_tokens=max_tokens, **params),
             arrival_time=self.clock(),
             eos_token_ids=frozenset({EOS}),
+            tenant=tenant or DEFAULT_TENANT,
         )
         self.sched.add_request(req)
         self.added.append(req)
@@ -133,10 +136,15 @@ class Harness:
             assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
             assert req in sched.waiting and req.request_id not in ids
             assert self.blocks.block_table(req.request_id) == []
+        for req in out.reclaimed:
+            assert limits.policy == "fair" and req not in out.preempted
+            assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
+            assert req in sched.waiting and req.request_id not in ids
+            assert self.blocks.block_table(req.request_id) == []
         admitted = [s.request for s in out.scheduled if s.request not in running_before]
         if out.preempted:
             assert not admitted, "admitted in a step that preempted"
-        if limits.policy != "continuous" and running_before:
+        if limits.policy not in CONTINUOUS_POLICIES and running_before:
             assert not admitted, f"{limits.policy} policy admitted beside a running batch"
         if limits.max_num_seqs <= limits.max_num_batched_tokens:
             # Decodes are never stalled: each running request with only its last token to compute runs or is
@@ -159,6 +167,10 @@ class Harness:
         for req in self.added:
             if req.status.finished:
                 assert self.blocks.block_table(req.request_id) == []
+        # The tenant ledger counts what the queues hold.
+        for tid, st in sched.book.tenants.items():
+            assert st.running == sum(r.tenant.id == tid for r in sched.running)
+            assert st.waiting == sum(r.tenant.id == tid for r in sched.waiting)
 
 
 def scheduled_ids(out: SchedulerOutput) -> list[str]:

@@ -1,0 +1,151 @@
+"""The scheduler's waiting queues: first come first served, or fair (the tenant with the smallest counter
+first, first come first served within a tenant). Both put a preempted request back at the front of its line.
+Pure Python, no torch."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+from engine.fair import W_IN, W_OUT, TenantBook
+from engine.request import Request
+
+
+class WaitingQueue(Protocol):
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Request]: ...
+    def __contains__(self, req: object) -> bool: ...
+    def push(self, req: Request) -> None: ...
+    def push_front(self, req: Request) -> None: ...
+    def peek(self) -> Request: ...
+    def take(self, req: Request) -> None: ...
+    def remove(self, req: Request) -> None: ...
+    def ordered(self, limit: int) -> list[Request]: ...
+    def __getitem__(self, index: int) -> Request: ...
+
+
+class FcfsQueue:
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+    def __contains__(self, req: object) -> bool:
+        return req in self._queue
+
+    def push(self, req: Request) -> None:
+        self._queue.append(req)
+
+    def push_front(self, req: Request) -> None:
+        self._queue.appendleft(req)
+
+    def peek(self) -> Request:
+        return self._queue[0]
+
+    def take(self, req: Request) -> None:
+        """Remove req, which peek() just returned."""
+        assert self._queue[0] is req
+        self._queue.popleft()
+
+    def remove(self, req: Request) -> None:
+        self._queue.remove(req)
+
+    def ordered(self, limit: int) -> list[Request]:
+        return list(itertools.islice(self._queue, limit))
+
+    def __getitem__(self, index: int) -> Request:
+        return self._queue[index]
+
+
+class FairQueue:
+    """One FIFO line per tenant; the head is the first request of the tenant first in (band, counter) order,
+    ties going to the earliest arrival. With a single tenant it orders exactly like FcfsQueue."""
+
+    def __init__(self, book: TenantBook) -> None:
+        self._book = book
+        self._lines: dict[str, deque[Request]] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Request]:
+        return itertools.chain.from_iterable(self._lines.values())
+
+    def __contains__(self, req: object) -> bool:
+        return isinstance(req, Request) and req in self._lines.get(req.tenant.id, ())
+
+    def push(self, req: Request) -> None:
+        self._lines.setdefault(req.tenant.id, deque()).append(req)
+        self._len += 1
+
+    def push_front(self, req: Request) -> None:
+        self._lines.setdefault(req.tenant.id, deque()).appendleft(req)
+        self._len += 1
+
+    def peek(self) -> Request:
+        # A scan over the waiting tenants (at most one per key): counters change every step for tenants with
+        # running requests, so a heap would need re-keying as often as it is read.
+        tenants = self._book.tenants
+        best: deque[Request] | None = None
+        best_key = (0, 0.0, 0.0)
+        for tid, line in self._lines.items():
+            st = tenants[tid]
+            key = (st.band, st.counter, line[0].arrival_time)
+            if best is None or key < best_key:
+                best, best_key = line, key
+        if best is None:
+            raise IndexError("peek from an empty queue")
+        return best[0]
+
+    def take(self, req: Request) -> None:
+        """Remove req, which peek() just returned."""
+        line = self._lines[req.tenant.id]
+        assert line[0] is req
+        line.popleft()
+        self._drop_if_empty(req.tenant.id, line)
+
+    def remove(self, req: Request) -> None:
+        line = self._lines[req.tenant.id]
+        line.remove(req)
+        self._drop_if_empty(req.tenant.id, line)
+
+    def ordered(self, limit: int) -> list[Request]:
+        """The first `limit` requests in projected admission order: each tenant's line is spread along its
+        counter as if every request ahead in it were charged its prompt and max_tokens (an upper bound on the
+        service it will draw), and the lines are merged by band then projected counter."""
+        tenants = self._book.tenants
+        heap: list[tuple[int, float, float, int, str, int]] = []
+        for tid, line in self._lines.items():
+            st = tenants[tid]
+            heap.append((st.band, st.counter, line[0].arrival_time, 0, tid, 0))
+        heapq.heapify(heap)
+        out: list[Request] = []
+        while heap and len(out) < limit:
+            band, counter, _, _, tid, index = heapq.heappop(heap)
+            line = self._lines[tid]
+            req = line[index]
+            out.append(req)
+            if index + 1 < len(line):
+                cost = (W_IN * req.num_prompt_tokens + W_OUT * req.params.max_tokens) / tenants[tid].tenant.weight
+                nxt = line[index + 1]
+                heapq.heappush(heap, (band, counter + cost, nxt.arrival_time, index + 1, tid, index + 1))
+        return out
+
+    def __getitem__(self, index: int) -> Request:
+        """The index-th request in projected admission order ([0] is the head)."""
+        if not 0 <= index < self._len:
+            raise IndexError(f"queue index {index} out of range")
+        return self.peek() if index == 0 else self.ordered(index + 1)[index]
+
+    def _drop_if_empty(self, tid: str, line: deque[Request]) -> None:
+        self._len -= 1
+        if not line:
+            del self._lines[tid]
