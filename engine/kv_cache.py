@@ -9,7 +9,9 @@ import torch
 
 @dataclass(slots=True)
 class KVCache:
-    """Layer l's keys live in key[l] as [num_blocks * block_size, kv_heads, head_dim]: slot = block * size + offset."""
+    """Layer l's keys live in key[l] as [kv_heads, num_blocks * block_size, head_dim]: slot = block * size + offset.
+
+    Heads first, so that a request's blocks copied out for one head are already the rows attention multiplies."""
 
     key: list[torch.Tensor]
     value: list[torch.Tensor]
@@ -37,7 +39,7 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device,
 ) -> KVCache:
-    shape = (num_blocks * block_size, num_kv_heads, head_dim)
+    shape = (num_kv_heads, num_blocks * block_size, head_dim)
     key = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
     value = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
     per_block = bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)

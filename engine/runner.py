@@ -61,6 +61,7 @@ class ModelRunner:
             slot_mapping=self._tensor(slots),
             key_cache=self.kv.key,
             value_cache=self.kv.value,
+            block_size=bs,
         )
         self._decode_metadata(meta, decodes, block_tables)
         self._prefill_metadata(meta, prefills, block_tables, len(decodes))
@@ -113,16 +114,17 @@ class ModelRunner:
         bs = self.block_size
         context_lens = [s.request.num_computed_tokens + 1 for s in decodes]
         max_blocks = (max(context_lens) + bs - 1) // bs
-        tables = []
+        flat: list[int] = []
         for s, n in zip(decodes, context_lens, strict=True):
             table = block_tables[s.request.request_id][: (n + bs - 1) // bs]
-            tables.append(table + [0] * (max_blocks - len(table)))
-        table_t = torch.tensor(tables, dtype=torch.long, device=self.device)
-        offsets = torch.arange(bs, device=self.device)
-        meta.decode_slots = (table_t.unsqueeze(-1) * bs + offsets).view(len(decodes), max_blocks * bs)
+            flat.extend(table)
+            # Padding reads block 0; the bias below hides it.
+            flat.extend([0] * (max_blocks - len(table)))
+        meta.decode_blocks = self._tensor(flat)
         positions = torch.arange(max_blocks * bs, device=self.device)
-        lens = self._tensor(context_lens)
-        meta.decode_mask = (positions.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+        beyond = positions.unsqueeze(0) >= self._tensor(context_lens).unsqueeze(1)
+        bias = torch.zeros(beyond.shape, dtype=torch.float32, device=self.device).masked_fill_(beyond, float("-inf"))
+        meta.decode_bias = bias.view(1, len(decodes), 1, -1)
         meta.num_decodes = len(decodes)
 
     def _prefill_metadata(
