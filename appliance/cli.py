@@ -1,4 +1,4 @@
-"""The `appliance` command: serve, migrate, keys, admin, status, doctor, bench, assets, settings.
+"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, bench, assets, settings.
 
 Settings come from APPLIANCE_* variables and the env file named by APPLIANCE_ENV_FILE; `serve` and `doctor`
 take any setting as a flag too (--port 9000 is APPLIANCE_PORT=9000), except the secrets.
@@ -19,7 +19,7 @@ from appliance.settings import PREFIX, Settings, SettingsError, load_settings, s
 from engine import ConfigError
 from web.errors import AppError
 
-COMMANDS = "{serve,migrate,keys,admin,status,doctor,bench,assets,settings}"
+COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,bench,assets,settings}"
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the admin password from stdin's first line (default: APPLIANCE_ADMIN_PASSWORD)",
     )
     status.add_argument("--json", action="store_true", help="print the server's stats as JSON")
+
+    chat = commands.add_parser("chat", help="chat with the running server in this terminal (Ctrl-C stops a reply)")
+    add_setting_flags(chat, ("host", "port"))
+    chat.add_argument("--url", help="the appliance's address (default: this machine's, from --host and --port)")
+    chat.add_argument("--key", help="the API key (default: APPLIANCE_API_KEY, else asked; ps shows a flag's value)")
+    chat.add_argument("--max-tokens", type=int, help="the longest reply, in tokens (default: the server's)")
+    chat.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
 
     doctor = commands.add_parser("doctor", help="check this machine for the appliance, one line per check")
     add_setting_flags(doctor)
@@ -132,6 +139,10 @@ def _run(args: argparse.Namespace) -> int:
         except StatusError as exc:
             print(f"appliance: {exc}", file=sys.stderr)
             return exc.exit_code
+    elif args.command == "chat":
+        from appliance import chat
+
+        return chat.run(args.url or settings.local_url, args.key, args.max_tokens, args.temperature)
     elif args.command == "doctor":
         from appliance.doctor import run
 
