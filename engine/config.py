@@ -9,13 +9,14 @@ from typing import Literal
 
 from engine.errors import ConfigError
 
-Quantization = Literal["none", "nf4", "fp4", "int8"]
+# auto: nf4 on CUDA and on CPUs with AVX512-BF16, else none (engine.hardware says why).
+Quantization = Literal["auto", "none", "nf4", "fp4", "int8"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 # fair: continuous batching, tenants admitted by their fair-share counters (engine.fair); fcfs: continuous
 # batching in arrival order ("continuous" is its older name); static and sequential: the baselines.
 Policy = Literal["fair", "fcfs", "continuous", "static", "sequential"]
 
-QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "fp4", "int8")
+QUANTIZATIONS: tuple[str, ...] = ("auto", "none", "nf4", "fp4", "int8")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 POLICIES: tuple[str, ...] = ("fair", "fcfs", "continuous", "static", "sequential")
 
@@ -38,7 +39,7 @@ class EngineConfig:
 
     model: str = "default"
     served_model_name: str | None = None
-    quantization: Quantization = "nf4"
+    quantization: Quantization = "auto"
     dtype: DType = "auto"
     device: str = "auto"
     block_size: int = 16

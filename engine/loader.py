@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
+from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 from engine.presets import PRESETS, build_random_model, get_preset
 
 if TYPE_CHECKING:
@@ -75,14 +76,19 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(spec: str, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype:
     if spec != "auto":
         return getattr(torch, spec)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    # On CPU, float32: most CPUs have no native bf16 matmul (emulated, it is slower than fp32), and fp32
-    # keeps the engine's greedy output comparable token for token with a transformers reference run.
-    return torch.float32
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    # Greedy-equality tests pin float32: bf16 rounds differently from a transformers fp32 reference run.
+    return getattr(torch, auto_cpu_dtype(cpu_flags() if flags is None else flags))
+
+
+def resolve_quantization(spec: str, device: torch.device, flags: frozenset[str] | None = None) -> str:
+    if spec != "auto":
+        return spec
+    return auto_quantization(device.type, cpu_flags() if flags is None else flags)
 
 
 def default_model_path() -> Path:
@@ -106,6 +112,11 @@ def load_model(
     report = progress or (lambda _message: None)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if "auto" in (config.dtype, config.quantization):
+        config = replace(config, quantization=resolve_quantization(config.quantization, device))  # type: ignore[arg-type]
+        hardware = "CUDA" if device.type == "cuda" else f"CPU flags: {describe(cpu_flags())}"
+        chosen = f"quantization {config.quantization}, compute dtype {str(dtype).removeprefix('torch.')}"
+        report(f"auto choices on {device}: {chosen} ({hardware})")
     if config.model.startswith(RANDOM_PREFIX):
         name = config.model
         model, source_dir = _random_model(config, device, dtype, attn_implementation, report)

@@ -22,6 +22,7 @@ from engine.loader import (
     random_model_dir,
     resolve_device,
     resolve_dtype,
+    resolve_quantization,
 )
 
 
@@ -162,8 +163,18 @@ def test_big_preset_sizes(default_model: LoadedModel, preset: str, low: float, h
 
 
 def test_device_and_dtype_resolution() -> None:
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    cpu = torch.device("cpu")
+    # auto follows the CPU: bf16 only where it multiplies bf16 natively (emulated, it is slower than fp32).
+    assert resolve_dtype("auto", cpu, frozenset({"avx2", "avx512f"})) == torch.float32
+    assert resolve_dtype("auto", cpu, frozenset({"avx512f", "avx512_bf16"})) == torch.bfloat16
+    assert resolve_dtype("auto", cpu, frozenset({"amx_bf16"})) == torch.bfloat16
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("float32", cpu, frozenset({"avx512_bf16"})) == torch.float32
+    # nf4 only where bitsandbytes' 4-bit CPU kernel is fast; an explicit choice is kept.
+    assert resolve_quantization("auto", cpu, frozenset({"avx2"})) == "none"
+    assert resolve_quantization("auto", cpu, frozenset({"avx512_bf16"})) == "nf4"
+    assert resolve_quantization("auto", torch.device("cuda"), frozenset()) == "nf4"
+    assert resolve_quantization("int8", cpu, frozenset({"avx512_bf16"})) == "int8"
     if torch.cuda.is_available():
         assert resolve_device("auto").type == "cuda"
     else:
@@ -190,3 +201,12 @@ def test_random_presets_take_a_carried_tokenizer_without_the_bundled_model(
     assert (built / "tokenizer.json").read_bytes() == (carried / "tokenizer.json").read_bytes()
     with pytest.raises(ModelLoadError, match="not installed"):
         random_model_dir("llama-1b", tmp_path / "empty")
+
+
+def test_auto_choices_are_resolved_and_logged(cache_dir: Path) -> None:
+    messages: list[str] = []
+    loaded = load(cache_dir, messages, model="random:tiny", quantization="auto", dtype="auto")
+    want = resolve_quantization("auto", torch.device("cpu"))
+    assert loaded.quantization == want and loaded.dtype == resolve_dtype("auto", torch.device("cpu"))
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    assert any(f"quantization {want}, compute dtype {dtype} (CPU flags: " in m for m in messages), messages

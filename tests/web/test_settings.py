@@ -13,7 +13,7 @@ from web.db import alembic_config
 
 def test_defaults_without_environment() -> None:
     s = load_settings({})
-    assert (s.host, s.port, s.model, s.quantization) == ("127.0.0.1", 8000, "default", "nf4")
+    assert (s.host, s.port, s.model, s.quantization) == ("127.0.0.1", 8000, "default", "auto")
     assert s.drain_timeout == 30.0 and s.history_retention_days == 30 and s.store_text is False
     assert s.admin_password is None and s.num_kv_blocks is None
 
