@@ -1,0 +1,105 @@
+"""`python -m engine.bench.steps`: milliseconds per decode step for each quantization and dtype at a few batch
+sizes, and (--profile) where a step's time goes, by torch.profiler. It is how the `auto` defaults were chosen."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine.attention import ATTENTION_NAME
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.loader import LoadedModel, load_model
+from engine.sampling_params import SamplingParams
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.steps", description=__doc__)
+    p.add_argument("--model", default="default")
+    p.add_argument("--variants", default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16")
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--context", type=int, default=64, help="prompt tokens of every request")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--cpu-threads", type=int, default=1, help="the served engine's count on a 2-core machine")
+    p.add_argument("--profile", action="store_true", help="also print a per-part breakdown of the largest batch")
+    return p.parse_args(argv)
+
+
+def decoding_core(base: EngineConfig, batch: int, context: int, steps: int) -> EngineCore:
+    """An engine whose `batch` requests have finished their prompts and are all decoding."""
+    core = EngineCore(replace(base, max_num_seqs=batch, max_num_batched_tokens=max(512, batch)), loaded=_loaded(base))
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        core.add_request(f"s{i}", [100 + (i * 7 + j) % 4000 for j in range(context)], params)
+    while any(r.num_computed_tokens < context for r in core.scheduler.running) or core.scheduler.waiting:
+        core.step()
+    core.step()
+    return core
+
+
+_cache: dict[tuple[str, str], LoadedModel] = {}
+
+
+def _loaded(config: EngineConfig) -> LoadedModel:
+    """One variant's weights at a time, reused across its batch sizes."""
+    key = (config.quantization, config.dtype)
+    if key not in _cache:
+        _cache.clear()
+        _cache[key] = load_model(config, attn_implementation=ATTENTION_NAME)
+    return _cache[key]
+
+
+def step_ms(core: EngineCore, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        core.step()
+    return (time.perf_counter() - t0) * 1000 / steps
+
+
+def breakdown(core: EngineCore, steps: int) -> dict[str, float]:
+    """ms per step in the 15 costliest torch ops (self CPU time): matmuls are the forward's linear layers,
+    index_select/bmm/softmax the attention, argmax-free numpy sampling does not appear."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            core.step()
+    parts: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        parts[event.key] += event.self_cpu_time_total / 1000 / steps
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:15]
+    return dict(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"torch {torch.__version__}, {args.cpu_threads} thread(s), context {args.context}", file=sys.stderr)
+    print(f"{'variant':>16} | " + " | ".join(f"batch {b:>3}" for b in batches))
+    for variant in args.variants.split(","):
+        quantization, dtype = variant.split("/")
+        base = EngineConfig(
+            model=args.model,
+            quantization=quantization,
+            dtype=dtype,
+            device="cpu",
+            cpu_threads=args.cpu_threads,
+        )
+        cells = []
+        for b in batches:
+            core = decoding_core(base, b, args.context, args.steps)
+            cells.append(f"{step_ms(core, args.steps):7.1f}ms")
+        print(f"{variant:>16} | " + " | ".join(cells), flush=True)
+        if args.profile:
+            core = decoding_core(base, batches[-1], args.context, args.steps)
+            for name, ms in breakdown(core, args.steps).items():
+                print(f"    {ms:8.2f} ms  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
