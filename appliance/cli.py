@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from appliance import keys
+from appliance import chat, keys
 from appliance.settings import PREFIX, Settings, SettingsError, load_settings, settings_table
 from engine import ConfigError
 from web.errors import AppError
@@ -38,13 +38,15 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] | No
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings with the command line's flags over the environment and the env file."""
+    """Settings with the command line's flags over the environment and the env file. The chat's key variable
+    is a client's, not a server setting: a shell that exports it still runs every command."""
     overrides = {
         PREFIX + name.removeprefix("setting_").upper(): value
         for name, value in vars(args).items()
         if name.startswith("setting_") and value is not None
     }
-    return load_settings({**os.environ, **overrides})
+    environ = {k: v for k, v in os.environ.items() if k != chat.KEY_VARIABLE}
+    return load_settings({**environ, **overrides})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the server's stats as JSON")
 
-    chat = commands.add_parser("chat", help="chat with the running server in this terminal (Ctrl-C stops a reply)")
-    add_setting_flags(chat, ("host", "port"))
-    chat.add_argument("--url", help="the appliance's address (default: this machine's, from --host and --port)")
-    chat.add_argument("--key", help="the API key (default: APPLIANCE_API_KEY, else asked; ps shows a flag's value)")
-    chat.add_argument("--max-tokens", type=int, help="the longest reply, in tokens (default: the server's)")
-    chat.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
+    chatting = commands.add_parser("chat", help="chat with the running server in this terminal (Ctrl-C stops a reply)")
+    add_setting_flags(chatting, ("host", "port"))
+    chatting.add_argument("--url", help="the appliance's address (default: this machine's, from --host and --port)")
+    chatting.add_argument("--key", help="the API key (default: APPLIANCE_API_KEY, else asked; ps shows a flag's value)")
+    chatting.add_argument("--max-tokens", type=int, help="the longest reply, in tokens (default: the server's)")
+    chatting.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
 
     doctor = commands.add_parser("doctor", help="check this machine for the appliance, one line per check")
     add_setting_flags(doctor)
@@ -140,8 +142,6 @@ def _run(args: argparse.Namespace) -> int:
             print(f"appliance: {exc}", file=sys.stderr)
             return exc.exit_code
     elif args.command == "chat":
-        from appliance import chat
-
         return chat.run(args.url or settings.local_url, args.key, args.max_tokens, args.temperature)
     elif args.command == "doctor":
         from appliance.doctor import run

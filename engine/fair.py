@@ -129,9 +129,10 @@ class TenantBook:
     def reclaim_victim(self, head: Request, running: list[Request], max_seats: int) -> int | None:
         """Index in running of a request to preempt so that head, which found no seat or blocks, can start; or
         None. Only a tenant below its seat share (seats split by weight among the band's active tenants) may
-        take a seat back, and only from a batch tenant or from one that stays at or above its own share
-        after losing the seat and has received more than head's tenant; the victim is the newest request of
-        the tenant that received the most, never one already taken back MAX_RECLAIMS times."""
+        take a seat back, and only from a batch tenant or from one that stays at or above its own share after
+        losing the seat and has received at least as much as head's tenant (one back from idle is lifted to
+        exactly the floor, so a tie counts). The victim is the newest request of the tenant that received the
+        most, never one already preempted MAX_RECLAIMS times."""
         hs = self.tenants[head.tenant.id]
         band_weight = self._active_weight[hs.band]
         if band_weight <= 0 or hs.running + 1 > max_seats * hs.tenant.weight / band_weight + _EPS:
@@ -143,7 +144,7 @@ class TenantBook:
             if st is hs or req.num_preemptions >= MAX_RECLAIMS or st.band < hs.band:
                 continue
             if st.band == hs.band and (
-                st.counter <= hs.counter or st.running - 1 < max_seats * st.tenant.weight / band_weight - _EPS
+                st.counter < hs.counter or st.running - 1 < max_seats * st.tenant.weight / band_weight - _EPS
             ):
                 continue
             key = (st.band, st.counter)

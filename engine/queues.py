@@ -65,8 +65,10 @@ class FcfsQueue:
 
 
 class FairQueue:
-    """One FIFO line per tenant; the head is the first request of the tenant first in (band, counter) order,
-    ties going to the earliest arrival. With a single tenant it orders exactly like FcfsQueue."""
+    """One FIFO line per tenant; the head is the first request of the tenant first in (band, counter) order.
+    Ties go to the tenant with fewer seats per weight (one back from idle is lifted to exactly the smallest
+    counter, level with a tenant that may hold every seat), then to the earliest arrival. With a single
+    tenant it orders exactly like FcfsQueue."""
 
     def __init__(self, book: TenantBook) -> None:
         self._book = book
@@ -95,10 +97,10 @@ class FairQueue:
         # running requests, so a heap would need re-keying as often as it is read.
         tenants = self._book.tenants
         best: deque[Request] | None = None
-        best_key = (0, 0.0, 0.0)
+        best_key = (0, 0.0, 0.0, 0.0)
         for tid, line in self._lines.items():
             st = tenants[tid]
-            key = (st.band, st.counter, line[0].arrival_time)
+            key = (st.band, st.counter, st.running / st.tenant.weight, line[0].arrival_time)
             if best is None or key < best_key:
                 best, best_key = line, key
         if best is None:
@@ -122,21 +124,21 @@ class FairQueue:
         counter as if every request ahead in it were charged its prompt and max_tokens (an upper bound on the
         service it will draw), and the lines are merged by band then projected counter."""
         tenants = self._book.tenants
-        heap: list[tuple[int, float, float, int, str, int]] = []
+        heap: list[tuple[int, float, float, float, str, int]] = []
         for tid, line in self._lines.items():
             st = tenants[tid]
-            heap.append((st.band, st.counter, line[0].arrival_time, 0, tid, 0))
+            heap.append((st.band, st.counter, st.running / st.tenant.weight, line[0].arrival_time, tid, 0))
         heapq.heapify(heap)
         out: list[Request] = []
         while heap and len(out) < limit:
-            band, counter, _, _, tid, index = heapq.heappop(heap)
+            band, counter, seats, _, tid, index = heapq.heappop(heap)
             line = self._lines[tid]
             req = line[index]
             out.append(req)
             if index + 1 < len(line):
                 cost = (W_IN * req.num_prompt_tokens + W_OUT * req.params.max_tokens) / tenants[tid].tenant.weight
                 nxt = line[index + 1]
-                heapq.heappush(heap, (band, counter + cost, nxt.arrival_time, index + 1, tid, index + 1))
+                heapq.heappush(heap, (band, counter + cost, seats, nxt.arrival_time, tid, index + 1))
         return out
 
     def __getitem__(self, index: int) -> Request:
