@@ -125,7 +125,7 @@ def last_request(server: Server) -> dict[str, Any]:
     deadline = time.monotonic() + 20
     while True:
         rows = httpx.get(f"{server.url}/admin/api/requests", params={"limit": 1}, headers=ADMIN).json()["data"]
-        if rows and rows[0]["status"] in TERMINAL_STATUSES or time.monotonic() > deadline:
+        if (rows and rows[0]["status"] in TERMINAL_STATUSES) or time.monotonic() > deadline:
             return dict(rows[0])
         time.sleep(0.2)
 
