@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
-from engine.fair import W_IN, W_OUT, TenantBook
+from engine.fair import W_IN, W_OUT, TenantBook, TenantState
 from engine.request import Request
 
 
@@ -64,6 +65,21 @@ class FcfsQueue:
         return self._queue[index]
 
 
+class _Line(deque[Request]):
+    """One tenant's waiting requests, holding its ledger entry: the head scan reads it without a lookup (the
+    book never forgets a tenant that has requests waiting)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: TenantState) -> None:
+        super().__init__()
+        self.state = state
+
+    def key(self) -> tuple[int, float, float, float]:
+        st = self.state
+        return (st.band, st.counter, st.running / st.tenant.weight, self[0].arrival_time)
+
+
 class FairQueue:
     """One FIFO line per tenant; the head is the first request of the tenant first in (band, counter) order.
     Ties go to the tenant with fewer seats per weight (one back from idle is lifted to exactly the smallest
@@ -72,7 +88,7 @@ class FairQueue:
 
     def __init__(self, book: TenantBook) -> None:
         self._book = book
-        self._lines: dict[str, deque[Request]] = {}
+        self._lines: dict[str, _Line] = {}
         self._len = 0
 
     def __len__(self) -> int:
@@ -85,24 +101,32 @@ class FairQueue:
         return isinstance(req, Request) and req in self._lines.get(req.tenant.id, ())
 
     def push(self, req: Request) -> None:
-        self._lines.setdefault(req.tenant.id, deque()).append(req)
+        self._line(req).append(req)
         self._len += 1
 
     def push_front(self, req: Request) -> None:
-        self._lines.setdefault(req.tenant.id, deque()).appendleft(req)
+        self._line(req).appendleft(req)
         self._len += 1
+
+    def _line(self, req: Request) -> _Line:
+        line = self._lines.get(req.tenant.id)
+        if line is None:
+            line = self._lines[req.tenant.id] = _Line(self._book.of(req))
+        return line
 
     def peek(self) -> Request:
         # A scan over the waiting tenants (at most one per key): counters change every step for tenants with
-        # running requests, so a heap would need re-keying as often as it is read.
-        tenants = self._book.tenants
-        best: deque[Request] | None = None
-        best_key = (0, 0.0, 0.0, 0.0)
-        for tid, line in self._lines.items():
-            st = tenants[tid]
-            key = (st.band, st.counter, st.running / st.tenant.weight, line[0].arrival_time)
-            if best is None or key < best_key:
-                best, best_key = line, key
+        # running requests, so a heap would need re-keying as often as it is read. Band and counter decide
+        # almost always; the full key is built only on a tie.
+        best: _Line | None = None
+        band, counter = 2, math.inf
+        for line in self._lines.values():
+            st = line.state
+            if st.band < band or (
+                st.band == band
+                and (st.counter < counter or (st.counter == counter and best is not None and line.key() < best.key()))
+            ):
+                best, band, counter = line, st.band, st.counter
         if best is None:
             raise IndexError("peek from an empty queue")
         return best[0]
@@ -123,11 +147,7 @@ class FairQueue:
         """The first `limit` requests in projected admission order: each tenant's line is spread along its
         counter as if every request ahead in it were charged its prompt and max_tokens (an upper bound on the
         service it will draw), and the lines are merged by band then projected counter."""
-        tenants = self._book.tenants
-        heap: list[tuple[int, float, float, float, str, int]] = []
-        for tid, line in self._lines.items():
-            st = tenants[tid]
-            heap.append((st.band, st.counter, st.running / st.tenant.weight, line[0].arrival_time, tid, 0))
+        heap = [(*line.key(), tid, 0) for tid, line in self._lines.items()]
         heapq.heapify(heap)
         out: list[Request] = []
         while heap and len(out) < limit:
@@ -136,7 +156,7 @@ class FairQueue:
             req = line[index]
             out.append(req)
             if index + 1 < len(line):
-                cost = (W_IN * req.num_prompt_tokens + W_OUT * req.params.max_tokens) / tenants[tid].tenant.weight
+                cost = (W_IN * req.num_prompt_tokens + W_OUT * req.params.max_tokens) / line.state.tenant.weight
                 nxt = line[index + 1]
                 heapq.heappush(heap, (band, counter + cost, seats, nxt.arrival_time, tid, index + 1))
         return out
