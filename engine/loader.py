@@ -29,6 +29,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
+from engine.load_progress import bars_as_lines, heartbeat
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 from engine.presets import PRESETS, build_random_model, get_preset
 
@@ -193,15 +194,18 @@ def _converted_gguf(gguf: Path, cache_root: Path, report: Progress) -> Path:
     if _is_complete(target):
         return target
     report(f"converting GGUF to safetensors (once, into {target}) …")
-    with _step(f"converting {gguf} to safetensors"), _staging_dir(target) as staging:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # The weights are dequantized now, but the GGUF quantizer marker would make save_pretrained refuse
-        # ("quantized with gguf and is not serializable").
-        model.hf_quantizer = None  # type: ignore[assignment]
-        del model.config.quantization_config
-        model.save_pretrained(staging, safe_serialization=True)
-        del model
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+    with _step(f"converting {gguf} to safetensors"), _staging_dir(target) as staging, bars_as_lines(report):
+        # Parsing the GGUF's metadata (its vocabulary) alone takes seconds, and both steps do it: hence heartbeats.
+        with heartbeat(report, "converting the weights from the GGUF"):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            # The weights are dequantized now, but the GGUF quantizer marker would make save_pretrained refuse
+            # ("quantized with gguf and is not serializable").
+            model.hf_quantizer = None  # type: ignore[assignment]
+            del model.config.quantization_config
+            model.save_pretrained(staging, safe_serialization=True)
+            del model
+        with heartbeat(report, "converting the tokenizer from the GGUF"):
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
     return target
 
 
@@ -251,7 +255,7 @@ def _from_pretrained(
         kwargs["quantization_config"] = _bnb_config(quantization, dtype)
         how = f"quantized to {quantization} by bitsandbytes"
     report(f"loading weights {how} …")
-    with _step(f"loading {source_dir} {how} on {device}"):
+    with _step(f"loading {source_dir} {how} on {device}"), bars_as_lines(report):
         return AutoModelForCausalLM.from_pretrained(source_dir, **kwargs)
 
 

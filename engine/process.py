@@ -19,6 +19,7 @@ from engine.messages import (
     AbortRequests,
     AddRequest,
     FromCore,
+    ModelInfo,
     Ready,
     Rejected,
     RequestOutput,
@@ -53,7 +54,7 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
         send(StartFailed(f"{type(exc).__name__}: {exc}"))
         return
     send(Ready(core.model_info()))
-    log.info("engine ready: %s", core.model_info())
+    log.info("engine ready: %s", describe(core.model_info()))
     last_stats = 0.0
     while True:
         outputs: list[RequestOutput] = []
@@ -81,6 +82,16 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
             if due:
                 last_stats = now
             send(StepOutputs(outputs, stats))
+
+
+def describe(info: ModelInfo) -> str:
+    """The ready line's account of the model and the pool, for a person reading the log."""
+    quantization = "unquantized" if info.quantization == "none" else info.quantization
+    pool_mib = info.num_kv_blocks * info.kv_bytes_per_block / 2**20
+    return (
+        f"{info.name} on {info.device} ({info.dtype}, {quantization}), context {info.max_model_len} tokens, "
+        f"KV cache {info.num_kv_blocks * info.block_size} tokens ({info.num_kv_blocks} blocks, {pool_mib:.0f} MiB)"
+    )
 
 
 def _add(core: EngineCore, msg: AddRequest) -> Rejected | None:
