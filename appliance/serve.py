@@ -19,6 +19,7 @@ from appliance.settings import Settings
 from appliance.supervisor import Supervisor
 from appliance.wiring import create_app, engine_config
 from engine import AsyncEngineClient
+from engine import logs as engine_logs
 from web.generation.admission import drain
 from web.state import Services
 
@@ -76,7 +77,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """The journal's priority prefixes when systemd runs us, timestamped lines elsewhere (engine.logs)."""
+    engine_logs.configure_logging(level)
     # The scheduler logs every run of the 5-second sampler at INFO.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
 

@@ -60,6 +60,9 @@ class Settings:
     max_num_seqs: int = setting(64, "Most requests decoded together in one batch.")
     max_num_batched_tokens: int = setting(512, "Most tokens (prefill + decode) computed in one engine step.")
     max_queue: int = setting(1024, "Most requests waiting for a seat; beyond it requests get 503 + Retry-After.")
+    policy: str = setting(
+        "fair", "Who waits: fair (per-key fair share, interactive before batch) or fcfs (arrival order)."
+    )
     kv_cache_bytes: int = setting(1 << 30, "KV-cache pool size in bytes on CPU (GPU sizes it by utilization).")
     num_kv_blocks: int | None = setting(None, "Exact number of KV blocks (overrides the byte/utilization sizing).")
     gpu_memory_utilization: float = setting(0.90, "Fraction of GPU memory the engine may use (weights + KV).")

@@ -29,6 +29,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_queue=settings.max_queue,
+        policy=settings.policy,  # type: ignore[arg-type]  # validated by EngineConfig
         cache_dir=str(settings.model_cache_dir),
     )
 

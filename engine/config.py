@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine.errors import ConfigError
+from engine.logs import LEVELS
 
 # auto: nf4 on CUDA and on CPUs with AVX512-BF16, else none (engine.hardware says why).
 Quantization = Literal["auto", "none", "nf4", "fp4", "int8"]
@@ -56,6 +57,7 @@ class EngineConfig:
     seed: int = 0
     cache_dir: str | None = None
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
+    log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -74,6 +76,7 @@ class EngineConfig:
             _at_least("gpu_memory_cap_bytes", self.gpu_memory_cap_bytes, 1)
         if self.cpu_threads is not None:
             _at_least("cpu_threads", self.cpu_threads, 1)
+        _one_of("log_level", self.log_level, LEVELS)
         if self.num_kv_blocks is not None:
             _at_least("num_kv_blocks", self.num_kv_blocks, 1)
         if self.max_model_len is not None:

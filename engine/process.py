@@ -15,6 +15,7 @@ import msgspec
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from engine.logs import configure_logging
 from engine.messages import (
     AbortRequests,
     AddRequest,
@@ -39,7 +40,7 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
     """Entry point of the engine process: load, warm up, say Ready, then serve until Shutdown or EOF."""
     # Ctrl-C reaches the whole process group: the server decides when the engine stops, after draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    configure_logging(config.log_level)
     encoder = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(ToCore)
 
