@@ -31,6 +31,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_queue=settings.max_queue,
         policy=settings.policy,  # type: ignore[arg-type]  # validated by EngineConfig
         cache_dir=str(settings.model_cache_dir),
+        log_level=settings.log_level,
     )
 
 
