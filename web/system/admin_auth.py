@@ -10,6 +10,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,7 +27,12 @@ from web.state import services_of
 from web.system.login_limiter import LoginLimiter
 
 ADMIN_USER = "admin"
-SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+# OWASP's floor for scrypt (Password Storage Cheat Sheet): N=2^17, r=8, p=1. Hashes made at a lower cost (this
+# appliance used N=2^14 before) still verify and are re-hashed at the next successful sign-in.
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 17, 8, 1
+SCRYPT_MAXMEM = 256 << 20  # scrypt needs 128 * N * r bytes (128 MiB here); hashlib refuses more than 32 MiB unless told
+# At most two scrypt runs at once, however many guesses arrive together: each holds 128 MiB while it runs.
+_SCRYPT_SLOTS = threading.BoundedSemaphore(2)
 MIN_PASSWORD_CHARS = 8
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 FOREIGN_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site; "same-origin" and "none" are the admin's
@@ -34,7 +40,10 @@ FOREIGN_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site; "same-
 
 def hash_password(password: str) -> str:
     salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
+    with _SCRYPT_SLOTS:
+        digest = hashlib.scrypt(
+            password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32, maxmem=SCRYPT_MAXMEM
+        )
     b64 = base64.b64encode
     return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
 
@@ -45,12 +54,28 @@ def verify_password(password: str, stored: str) -> bool:
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(
-            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
-        )
+        with _SCRYPT_SLOTS:
+            actual = hashlib.scrypt(
+                password.encode(),
+                salt=base64.b64decode(salt),
+                n=int(n),
+                r=int(r),
+                p=int(p),
+                dklen=len(expected),
+                maxmem=SCRYPT_MAXMEM,  # also the ceiling on what a stored hash can make a sign-in cost
+            )
     except (ValueError, binascii.Error):
         return False
     return hmac.compare_digest(actual, expected)
+
+
+def needs_rehash(stored: str) -> bool:
+    """Whether a hash was made at less than today's cost."""
+    try:
+        _, n, r, p, _, _ = stored.split("$")
+        return int(n) < SCRYPT_N or int(r) < SCRYPT_R or int(p) < SCRYPT_P
+    except ValueError:
+        return False
 
 
 class AdminAuth:
@@ -98,8 +123,22 @@ class AdminAuth:
             return user_ok
         if not await asyncio.to_thread(verify_password, password, stored):
             return False
+        if user_ok and needs_rehash(stored):
+            await self._rehash(stored, password)
+            return user_ok
         self._verified.add(memo)
         return user_ok
+
+    async def _rehash(self, old: str, password: str) -> None:
+        """Store the password hashed at today's cost in place of `old`, which it just matched; a password set
+        meanwhile wins."""
+        hashed = await asyncio.to_thread(hash_password, password)
+        async with self.sessions.begin() as session:
+            row = await session.scalar(select(AdminCredential).where(AdminCredential.username == ADMIN_USER))
+            if row is None or not hmac.compare_digest(row.password_hash, old):
+                return
+            row.password_hash, row.updated_at = hashed, utcnow()
+        self._verified.add(hashlib.sha256(f"{hashed}\0{password}".encode()).hexdigest())
 
     async def check_admin(self, authorization: str | None, address: str) -> None:
         """Raise AdminAuthRequired unless the header carries the admin's Basic credential."""

@@ -1,0 +1,59 @@
+"""The admin password's hash: scrypt at OWASP's floor (N=2^17, r=8, p=1); a hash from before (N=2^14) still signs
+in and is replaced by one at today's cost at that sign-in; a wrong password changes nothing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from web.db import create_db_engine, create_sessionmaker, sqlite_url, upgrade_schema
+from web.errors import AdminAuthRequired
+from web.models import AdminCredential, utcnow
+from web.system.admin_auth import ADMIN_USER, AdminAuth, hash_password, verify_password
+
+PASSWORD = "correct horse battery"
+
+
+def old_hash(password: str) -> str:
+    """What the appliance stored before: scrypt at N=2^14."""
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=1 << 14, r=8, p=1, dklen=32)
+    return f"scrypt${1 << 14}$8$1${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def test_new_hashes_are_at_the_owasp_floor_and_verify() -> None:
+    stored = hash_password(PASSWORD)
+    assert stored.split("$")[:4] == ["scrypt", str(1 << 17), "8", "1"]
+    assert verify_password(PASSWORD, stored) and not verify_password(PASSWORD + "x", stored)
+
+
+async def test_an_old_hash_signs_in_once_and_is_rehashed(tmp_path: Path) -> None:
+    engine = create_db_engine(sqlite_url(tmp_path / "admin.db"))
+    await upgrade_schema(engine)
+    sessions = create_sessionmaker(engine)
+    async with sessions.begin() as session:
+        session.add(AdminCredential(username=ADMIN_USER, password_hash=old_hash(PASSWORD), updated_at=utcnow()))
+    auth = AdminAuth(sessions, None)
+
+    async def stored() -> str:
+        async with sessions() as session:
+            value = await session.scalar(select(AdminCredential.password_hash))
+        assert value is not None
+        return value
+
+    before = await stored()
+    with pytest.raises(AdminAuthRequired):
+        await auth.sign_in(ADMIN_USER, "wrong password", "192.0.2.1")
+    assert await stored() == before, "a failed sign-in re-hashes nothing"
+
+    await auth.sign_in(ADMIN_USER, PASSWORD, "192.0.2.1")
+    upgraded = await stored()
+    assert upgraded.split("$")[1] == str(1 << 17)
+    assert verify_password(PASSWORD, upgraded) and not verify_password("wrong password", upgraded)
+    await AdminAuth(sessions, None).sign_in(ADMIN_USER, PASSWORD, "192.0.2.1")  # a fresh process signs in too
+    await engine.dispose()
