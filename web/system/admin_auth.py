@@ -82,7 +82,7 @@ class AdminAuth:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], metrics_token: str | None) -> None:
         self.sessions = sessions
         self._metrics_token = metrics_token
-        # scrypt costs ~50 ms by design; a console polling every 2 s should not pay it each time. Remember
+        # scrypt costs 0.3-1 s by design; a console polling every 2 s should not pay it each time. Remember
         # sha256(stored hash + password) of successful checks; a new password changes the stored hash.
         self._verified: set[str] = set()
         self.failures = LoginLimiter()
