@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check this machine for the appliance, one line per check")
     add_setting_flags(doctor)
     commands.add_parser("bench", help="the engine benchmark (options: appliance bench --help)", add_help=False)
-    assets = commands.add_parser("assets", help="front-end assets (htmx) from the npm registry, pinned")
+    assets = commands.add_parser(
+        "assets", help="front-end assets (htmx, markdown-it, DOMPurify, highlight.js) from the npm registry, pinned"
+    )
     assets.add_subparsers(dest="assets_command", required=True, metavar="{fetch}").add_parser(
         "fetch", help="fetch them into the installed package (skipped when the pinned files are there)"
     )
