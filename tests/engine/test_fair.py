@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.client import AsyncEngineClient
+from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.fair import MAX_RECLAIMS, W_IN, W_OUT
-from engine.messages import AddRequest
+from engine.messages import AddRequest, EngineStats, QueuePosition
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.tenant import Tenant
@@ -232,3 +234,60 @@ def test_tenant_crosses_the_process_boundary_and_rejects_bad_values() -> None:
             Tenant("key-1", **bad)
     with pytest.raises(InvalidRequestError):
         Tenant("")
+
+
+# -- what the web side reads: per-tenant numbers, the projected queue, a waiting request's position ------------
+
+
+def test_snapshot_counts_each_tenants_running_and_waiting_requests_and_its_token_rate() -> None:
+    h = Harness("fair", max_num_seqs=3, max_num_batched_tokens=64)
+    for i in range(4):
+        h.add(f"a{i}", 4, max_tokens=8, tenant=A)
+    h.add("b0", 4, max_tokens=8, tenant=Tenant("b", weight=2.0, priority="batch"))
+    book = h.sched.book
+    book.snapshot(0.0)
+    for _ in range(3):
+        h.step()
+    stats = {t.id: t for t in book.snapshot(3.0)}
+    # b is a batch tenant: the interactive one takes every seat while it has requests waiting.
+    assert (stats["a"].running, stats["a"].waiting) == (3, 1)
+    assert (stats["b"].running, stats["b"].waiting, stats["b"].weight, stats["b"].priority) == (0, 1, 2.0, "batch")
+    # 3 prompts of 4 tokens and 6 generated tokens for a over 3 s, decayed over the minute window.
+    assert 0 < stats["a"].tokens_per_s <= 18 / 3
+    assert stats["b"].tokens_per_s == 0
+    assert book.admission_rate > 0
+
+
+def test_an_idle_tenant_leaves_the_snapshot_once_its_rate_has_faded() -> None:
+    h = Harness("fair", max_num_seqs=3, max_num_batched_tokens=64)
+    h.add("a0", 4, max_tokens=2, tenant=A)
+    h.sched.book.snapshot(0.0)
+    h.run()
+    assert [t.id for t in h.sched.book.snapshot(1.0)] == ["a"]
+    assert h.sched.book.snapshot(3600.0) == []
+
+
+def test_projected_queue_starts_with_the_head_keeps_each_tenants_order_and_follows_the_weights() -> None:
+    h = Harness("fair", max_num_seqs=1, max_num_batched_tokens=64, max_queue=128)
+    light, heavy = Tenant("w1", weight=1.0), Tenant("w3", weight=3.0)
+    for i in range(20):
+        h.add(f"l{i}", 4, max_tokens=4, tenant=light)
+        h.add(f"h{i}", 4, max_tokens=4, tenant=heavy)
+    order = [r.request_id for r in h.sched.waiting.ordered(16)]
+    assert order[0] == h.sched.waiting.peek().request_id
+    for prefix in "lh":
+        mine = [int(rid[1:]) for rid in order if rid[0] == prefix]
+        assert mine == sorted(mine)
+    assert sum(rid[0] == "h" for rid in order) == 12  # three of every four places
+
+
+def test_queue_position_and_eta_come_from_the_latest_snapshot() -> None:
+    client = AsyncEngineClient(EngineConfig(model="random:tiny"))
+    assert client.queue_position("r1") is None
+    snapshot = {f: 0 for f in EngineStats.__struct_fields__} | {"memory_kind": "RAM", "tenants": []}
+    snapshot |= {"recent_queue_wait": [], "recent_ttft": [], "recent_tpot": [], "queue": ["r0", "r1"]}
+    client._stats = msgspec.convert(snapshot | {"admission_rate": 4.0}, EngineStats)
+    assert client.queue_position("r1") == QueuePosition(2, 0.5)
+    assert client.queue_position("running-or-unknown") is None
+    client._stats = msgspec.structs.replace(client._stats, admission_rate=0.0)
+    assert client.queue_position("r0") == QueuePosition(1, None)
