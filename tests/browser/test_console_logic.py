@@ -13,7 +13,7 @@ from engine import EngineStats
 from web.console import charts
 from web.console.diagnosis import diagnose
 from web.console.history import csv_cell
-from web.console.live import ThroughputMeter, memory_segments
+from web.console.live import ThroughputMeter, live_view, memory_segments
 from web.console.samples import Bucket
 from web.console.sessions import IDLE_TIMEOUT_S, MAX_AGE_S, LoginLimiter, SessionStore, tokens_match
 from web.static import assets
@@ -117,6 +117,33 @@ def test_chart_scale_is_round_and_gaps_break_the_line() -> None:
     assert path.count("M") == 2 and path.count("L") == 1
     assert chart.y_max_label == "5" and not chart.empty
     assert charts.line_chart("x", "X", [], [("a", "A", [])], 0, 1, str).empty
+
+
+def test_a_young_servers_charts_span_its_samples_not_the_empty_hour() -> None:
+    """Ten minutes of samples on the 1-hour chart: they fill the plot from its left edge (issue 17, U1), and
+    the start label is the first sample's time. A minute of data still gets a five-minute axis."""
+    now = 1_800_000_000.0
+    times = [now - 600 + 15 * i for i in range(40)]
+    chart = charts.line_chart("x", "X", times, [("a", "A", [1.0] * 40)], now - 3600, now, str)
+    first_x = float(chart.lines[0].path.split()[0].removeprefix("M").split(",")[0])
+    assert first_x == pytest.approx(charts.PAD_LEFT)
+    assert chart.x_start_label == charts._clock(now - 600, False)
+    minute = charts.line_chart("x", "X", times[-4:], [("a", "A", [1.0] * 4)], now - 3600, now, str)
+    assert minute.x_start_label == charts._clock(now - charts.MIN_SPAN_S, False)
+    full = charts.line_chart("x", "X", [now - 7200, now], [("a", "A", [1.0, 1.0])], now - 3600, now, str)
+    assert full.x_start_label == charts._clock(now - 3600, False)
+
+
+def test_tokens_per_second_reads_zero_once_nothing_runs() -> None:
+    clock = Clock()
+    meter = ThroughputMeter(clock=clock)
+    for generated in range(0, 1000, 100):  # a burst: 50 tokens/s for 20 s
+        view = live_view(stats(running=4, generation_tokens_total=generated), 4, meter)
+        clock.now += 2
+    assert view.tokens_per_s == pytest.approx(50.0)
+    idle = live_view(stats(running=0, waiting=0, generation_tokens_total=1000), 0, meter)
+    assert idle.tokens_per_s == 0.0
+    assert live_view(stats(running=0, waiting=0), 0).tokens_per_s is None  # a partial that does not own it
 
 
 def test_csv_cells_never_start_a_spreadsheet_formula() -> None:

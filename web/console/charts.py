@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 WIDTH, HEIGHT = 600, 140
+# The shortest time axis: while a young server's samples cover less of the window, the axis starts at its first
+# sample instead of squeezing the data into the last pixels, but a few minutes of data still read as a few minutes.
+MIN_SPAN_S = 300.0
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 8, 8, 20
 
 
@@ -81,7 +84,10 @@ def line_chart(
     fixed_top: float | None = None,
 ) -> Chart:
     """`series` is (css key, label, values aligned with `times`); the y axis starts at 0 and ends at a round
-    number above the largest value (or at `fixed_top`, e.g. 100% for a usage)."""
+    number above the largest value (or at `fixed_top`, e.g. 100% for a usage). The x axis ends at `end` and
+    starts at `start`, or later where the data does (see MIN_SPAN_S)."""
+    if times and times[0] > start:
+        start = max(start, min(times[0], end - MIN_SPAN_S))
     present = [v for _, _, values in series for v in values if v is not None]
     top = fixed_top if fixed_top is not None else nice_ceiling(max(present, default=0.0))
     lines = [Line(css, label, _path(times, values, start, end, top)) for css, label, values in series]

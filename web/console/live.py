@@ -67,6 +67,15 @@ class Segment:
     width: float  # fraction of the total
 
 
+def _tokens_per_s(s: EngineStats, meter: ThroughputMeter | None) -> float | None:
+    """The meter's rate, but 0 while the engine has nothing to do: the meter averages over ~10 s, and a burst
+    that just ended would otherwise show a falling rate on an idle engine."""
+    if meter is None:
+        return None
+    rate = meter.observe(s.generation_tokens_total)
+    return 0.0 if s.running == 0 and s.waiting == 0 else rate
+
+
 def memory_segments(s: EngineStats) -> list[Segment]:
     """The device memory split: weights, KV in use, the KV pool's unused rest, other use, free."""
     total = max(s.device_memory_total, 1)
@@ -117,7 +126,7 @@ def live_view(services: Services, meter: ThroughputMeter | None = None) -> LiveV
         queue_wait_p95=percentile(s.recent_queue_wait, 0.95),
         ttft_p50=percentile(s.recent_ttft, 0.5),
         ttft_p95=percentile(s.recent_ttft, 0.95),
-        tokens_per_s=meter.observe(s.generation_tokens_total) if meter is not None else None,
+        tokens_per_s=_tokens_per_s(s, meter),
         prefix_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None,
         in_flight=len(services.live),
     )
