@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.browser.chat_page import XSS_IMG, XSS_SCRIPT, assert_inert, open_chat, store_conversation
-from tests.browser.conftest import Server
+from tests.browser.conftest import SCREENSHOTS, Server
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
@@ -77,6 +77,8 @@ def test_tables_have_header_cells_and_column_alignment(page: Page, reply: Locato
     assert aligns == ["left", "right", "center"], aligns
     expect(table.locator("tbody tr").nth(1).locator("td").nth(2)).to_have_text(XSS_SCRIPT)
     assert_inert(page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "chat-markdown.png"), full_page=True)
 
 
 def test_nested_lists_keep_their_levels(reply: Locator) -> None:
