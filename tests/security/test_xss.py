@@ -5,6 +5,8 @@ browser; this covers every page and fragment without one.)"""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import closing
@@ -21,6 +23,8 @@ from tests.web.conftest import MODEL
 from tests.web.fakes import FakeEngineClient
 from web.console.auth import CSRF_HEADER
 from web.console.dashboard import PARTIALS as DASHBOARD_PARTIALS
+from web.static import STATIC_DIR, VENDOR_DIR
+from web.static.assets import ASSETS, is_current
 
 PAYLOADS = (
     '<script>alert("xss-script")</script>',
@@ -234,3 +238,34 @@ def test_the_history_export_is_a_download_not_a_page(stage: tuple[Appliance, Ses
     assert response.headers["content-type"].startswith("text/csv")  # ...as long as no browser renders it
     assert response.headers["content-disposition"].startswith("attachment")
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+CHAT_SCRIPTS = ("chat.js", "chat-api.js", "chat-store.js", "markdown.js")
+HTML_SINKS = ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "createContextualFragment")
+
+
+def test_the_chat_puts_model_output_in_the_page_only_through_the_sanitizer() -> None:
+    """The chat's own scripts never write HTML into the page: replies reach it as DOM text or as the DOM fragment
+    DOMPurify returns; markdown.js imports only the pinned libraries the appliance serves."""
+    for name in CHAT_SCRIPTS:
+        source = (STATIC_DIR / "js" / name).read_text()
+        assert not [sink for sink in HTML_SINKS if sink in source], name
+    markdown = (STATIC_DIR / "js" / "markdown.js").read_text()
+    imported = re.findall(r'^import .* from "([^"]+)";$', markdown, re.MULTILINE)
+    targets = {f"../vendor/{a.target}" for a in ASSETS}
+    assert imported and set(imported) <= targets, imported
+    assert "RETURN_DOM_FRAGMENT: true" in markdown and "html: false" in markdown
+
+
+def test_the_rendering_libraries_are_served_pinned_as_scripts(stage: tuple[Appliance, Session]) -> None:
+    """No CDN: the appliance serves the exact pinned bytes, as JavaScript (a module script of another type is
+    refused, and nosniff keeps the browser from guessing)."""
+    if not all(is_current(a, VENDOR_DIR) for a in ASSETS):
+        pytest.skip("the front-end assets are not fetched here (make setup fetches them)")
+    served, _ = stage
+    for asset in ASSETS:
+        response = served.page(None, f"/static/vendor/{asset.target}")
+        assert response.status_code == 200, asset.target
+        assert hashlib.sha256(response.content).hexdigest() == asset.sha256, asset.target
+        kind = "text/css" if asset.target.endswith(".css") else "text/javascript"
+        assert response.headers["content-type"].startswith(kind), (asset.target, response.headers["content-type"])

@@ -1,6 +1,6 @@
 // The chat page: conversations in localStorage, a reply streamed token by token from /v1/chat/completions,
 // Stop, per-reply timings, errors in plain words. Text goes into the page only as DOM text or through the
-// Markdown renderer (markdown.js: raw HTML off, then sanitized; never through innerHTML of the page).
+// Markdown renderer (markdown.js: raw HTML off, then sanitized into DOM nodes; no HTML string reaches the page).
 import { explain, fetchModel, streamChat } from "./chat-api.js";
 import { Store, loadKey, saveKey } from "./chat-store.js";
 import { renderMarkdown } from "./markdown.js";
