@@ -106,16 +106,19 @@ class Api:
         takes as a cancel."""
         response = self._open("POST", "/v1/chat/completions", {**body, "stream": True})
         with contextlib.closing(response):
-            for data in _sse_data(response):
-                if data == "[DONE]":
-                    return
-                chunk = json.loads(data)
-                if "error" in chunk:  # a failure after the stream began comes in-band
-                    raise ChatError(f"the reply failed: {chunk['error'].get('message', chunk['error'])}")
-                for choice in chunk.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
-                    if piece:
-                        yield piece
+            try:
+                for data in _sse_data(response):
+                    if data == "[DONE]":
+                        return
+                    chunk = json.loads(data)
+                    if "error" in chunk:  # a failure after the stream began comes in-band
+                        raise ChatError(f"the reply failed: {chunk['error'].get('message', chunk['error'])}")
+                    for choice in chunk.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            yield piece
+            except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError) as exc:
+                raise ChatError(f"the reply broke off ({type(exc).__name__}: {exc})") from None
         raise ChatError("the reply was cut off before its end")
 
 
@@ -215,6 +218,9 @@ def run(base_url: str, key: str | None, max_tokens: int | None = None, temperatu
     except ChatError as exc:
         print(f"appliance: {exc}", file=err)
         return 1
+    except KeyboardInterrupt:  # while asked for the key, or while the server is slow to answer
+        out.write("\n")
+        return 130
     if sys.stdin.isatty():
         import readline  # noqa: F401  # line editing and history for input()
     out.write(f"chatting with {printable(chat.model)} at {api.base_url}; /help lists the commands\n")

@@ -10,15 +10,17 @@ import pty
 import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from appliance.chat import explain, printable
+from appliance.chat import Api, ChatError, explain, printable
 from tests.web.conftest import ADMIN
 from tests.web.server import REPO, Server, start_server
 
@@ -189,3 +191,41 @@ def test_overload_and_hostile_text_in_words() -> None:
     assert str(error) == "the appliance cannot take a request now: the server is overloaded. Try again in 7 s."
     assert not error.fatal and explain(401, b"not json", None).fatal
     assert printable("a\x1b]52;c;ZXZpbA==\x07b\x1b[2Jc\tz\n\x9b") == "a]52;c;ZXZpbA==b[2Jc\tz\n"
+
+
+class Misbehaving(BaseHTTPRequestHandler):
+    """A server that is overloaded for /v1/models and breaks its stream off with garbage."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"error": {"message": "overloaded", "type": "server_error", "code": "overloaded"}})
+        self.send_response(503)
+        self.send_header("Retry-After", "7")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\ndata: {not json\n\n')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_busy_server_and_a_broken_stream_are_errors_in_words() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        api = Api(f"http://127.0.0.1:{httpd.server_address[1]}", "sk-test")
+        with pytest.raises(ChatError, match=r"cannot take a request now: overloaded\. Try again in 7 s\."):
+            api.model()
+        pieces = api.stream({"model": "m", "messages": []})
+        assert next(pieces) == "Hel"
+        with pytest.raises(ChatError, match="the reply broke off"):
+            next(pieces)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
