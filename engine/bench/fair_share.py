@@ -1,7 +1,8 @@
 """`python -m engine.bench.fair_share`: issue 12's light-keys-beside-a-heavy-key run, in process on the real
 engine (no web side): four light tenants each send a short request (16 tokens) about every 1.5 s, first alone,
 then beside a heavy tenant that keeps 24 long requests (256 tokens, ignore_eos) in flight, under fair and fcfs.
-Prints the light tenants' TTFT p50/p95 alone and beside the heavy one, the heavy tenant's tok/s and the total."""
+Prints the light tenants' TTFT p50/p95 alone and beside the heavy one, the heavy tenant's tok/s and the total.
+The policies take turns in short rounds, so a machine whose load drifts (shared cores) weighs on both alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from engine.attention import ATTENTION_NAME
 from engine.bench.runs import percentile
@@ -84,6 +86,17 @@ def run_phase(
     return phase
 
 
+def merged(phases: list[Phase]) -> Phase:
+    out = Phase(tokens={t.id: 0 for t in (HEAVY, *LIGHT)})
+    for ph in phases:
+        out.light_ttft += ph.light_ttft
+        out.seconds += ph.seconds
+        out.reclaims += ph.reclaims
+        for tid, n in ph.tokens.items():
+            out.tokens[tid] += n
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.fair_share", description=__doc__)
     p.add_argument("--model", default="random:tiny")
@@ -96,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heavy-streams", type=int, default=24)
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--policies", default="fair,fcfs")
+    p.add_argument("--rounds", type=int, default=3, help="turns each policy takes, alone then beside")
     p.add_argument("--cpu-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -107,21 +121,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{loaded.name} on {loaded.device}, {args.max_num_seqs} seats: 4 light tenants ({args.light_tokens} tokens "
         f"every ~{args.interval} s each), heavy tenant {args.heavy_streams} x {args.heavy_tokens} tokens in flight"
     )
+    policies = [cast(Policy, s.strip()) for s in args.policies.split(",") if s.strip()]
+    runs: dict[str, tuple[list[Phase], list[Phase]]] = {p: ([], []) for p in policies}
+    for _ in range(args.rounds):
+        for policy in policies:
+            runs[policy][0].append(run_phase(loaded, config, policy, args.alone / args.rounds, False, args))
+            runs[policy][1].append(run_phase(loaded, config, policy, args.beside / args.rounds, True, args))
     rows = []
-    for policy in [s.strip() for s in args.policies.split(",") if s.strip()]:
-        alone = run_phase(loaded, config, policy, args.alone, False, args)  # type: ignore[arg-type]
-        beside = run_phase(loaded, config, policy, args.beside, True, args)  # type: ignore[arg-type]
+    for name, (alone_phases, beside_phases) in runs.items():
+        alone, beside = merged(alone_phases), merged(beside_phases)
         total = sum(beside.tokens.values()) / beside.seconds
-        rows.append((policy, alone, beside, beside.tokens[HEAVY.id] / beside.seconds, total))
+        rows.append((name, alone, beside, beside.tokens[HEAVY.id] / beside.seconds, total))
     print(
         f"{'policy':>6} | {'light TTFT alone p50/p95':>24} | {'beside heavy p50/p95':>20} | {'p95 ratio':>9} | "
         f"{'heavy tok/s':>11} | {'total tok/s':>11} | preempt"
     )
-    for policy, alone, beside, heavy_rate, total in rows:
+    for name, alone, beside, heavy_rate, total in rows:
         a50, a95 = percentile(alone.light_ttft, 50), percentile(alone.light_ttft, 95)
         b50, b95 = percentile(beside.light_ttft, 50), percentile(beside.light_ttft, 95)
         print(
-            f"{policy:>6} | {a50 * 1000:>9.0f} / {a95 * 1000:>6.0f} ms   | {b50 * 1000:>7.0f} / {b95 * 1000:>6.0f} ms "
+            f"{name:>6} | {a50 * 1000:>9.0f} / {a95 * 1000:>6.0f} ms   | {b50 * 1000:>7.0f} / {b95 * 1000:>6.0f} ms "
             f"| {b95 / a95:>8.1f}x | {heavy_rate:>11.1f} | {total:>11.1f} | {beside.reclaims}"
         )
     return 0
