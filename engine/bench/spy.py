@@ -25,6 +25,7 @@ MARKERS = (
     ("scheduler", "", "engine/block_manager.py"),
     ("detokenizing", "", "engine/detokenizer.py"),
     ("pipe I/O", "send", "engine/process.py"),
+    ("pipe I/O", "send_bytes", "multiprocessing/connection.py"),
     ("pipe I/O", "recv_bytes", "multiprocessing/connection.py"),
     ("idle", "poll", "multiprocessing/connection.py"),
     ("bookkeeping", "", "engine/core.py"),
@@ -37,17 +38,18 @@ def classify(stack: str) -> str:
     for frame in reversed(stack.split(";")):
         function, _, where = frame.partition(" (")
         for part, wanted, path in MARKERS:
-            if path in where and (not wanted or function == wanted):
+            if path in where and (not wanted or function == wanted or function.endswith("." + wanted)):
                 return part
     return "other"
 
 
 def breakdown(lines: Iterable[str]) -> Counter[str]:
-    """Samples per part from `frame;frame;... count` lines."""
+    """Samples per part from `frame;frame;... count` lines (py-spy qualifies methods: `Class.method (file:line)`).
+    Helper threads (tqdm's monitor, torch's pools) are left out: the step loop is the main thread."""
     parts: Counter[str] = Counter()
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        if stack and count.isdigit():
+        if stack and count.isdigit() and not stack.startswith("Thread._bootstrap"):
             parts[classify(stack)] += int(count)
     return parts
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from engine.bench.spy import breakdown
 
-ROOT = "run_engine_process (/w/engine/process.py:60);step (/w/engine/core.py:150)"
-MODEL = f"{ROOT};execute (/w/engine/runner.py:70);_call_impl (/v/torch/nn/modules/module.py:1786)"
+ROOT = "run_engine_process (engine/process.py:60);EngineCore.step (engine/core.py:150)"
+MODEL = f"{ROOT};ModelRunner.execute (engine/runner.py:70);Module._call_impl (torch/nn/modules/module.py:1786)"
 RAW = [
-    f"{MODEL};forward (/v/transformers/models/llama/modeling_llama.py:300) 50",
-    f"{MODEL};forward (/v/llama.py:250);paged_attention (/w/engine/attention.py:70) 20",
-    f"{ROOT};execute (/w/engine/runner.py:80);sample (/w/engine/sampler.py:40);_argmax (/w/engine/sampler.py:60) 5",
-    f"{ROOT};execute (/w/engine/runner.py:50);_tensor (/w/engine/runner.py:105) 4",
-    f"{ROOT};schedule (/w/engine/scheduler.py:90) 3",
-    f"{ROOT};_update (/w/engine/core.py:160) 2",
-    "run_engine_process (/w/engine/process.py:85);send (/w/engine/process.py:48) 6",
-    "run_engine_process (/w/engine/process.py:64);poll (/u/multiprocessing/connection.py:257) 10",
+    f"{MODEL};forward (transformers/models/llama/modeling_llama.py:300) 50",
+    f"{MODEL};forward (llama.py:250);paged_attention (engine/attention.py:70) 20",
+    f"{ROOT};ModelRunner.execute (engine/runner.py:80);sample (engine/sampler.py:40);_argmax (engine/sampler.py:60) 5",
+    f"{ROOT};ModelRunner.execute (engine/runner.py:50);ModelRunner._tensor (engine/runner.py:105) 4",
+    f"{ROOT};Scheduler.schedule (engine/scheduler.py:90) 3",
+    f"{ROOT};EngineCore._update (engine/core.py:160) 2",
+    "run_engine_process (engine/process.py:85);send (engine/process.py:48) 6",
+    "run_engine_process (engine/process.py:64);_ConnectionBase.poll (multiprocessing/connection.py:257) 10",
+    "Thread._bootstrap (threading.py:1002);TMonitor.run (tqdm/_monitor.py:69) 99",
     "garbled line",
 ]
 
