@@ -158,19 +158,18 @@ class Scheduler:
         max_seqs = 1 if policy == "sequential" else self.limits.max_num_seqs
         while self.waiting and (budget > 0 or policy == "static"):
             req = self.waiting.peek()
-            n = self._seat(req, budget) if len(self.running) < max_seqs else None
-            if n is not None:
-                if n > 0:
-                    out.scheduled.append(ScheduledRequest(req, n))
-                    budget -= n
-                continue
-            v = self.book.reclaim_victim(req, self.running, max_seqs) if policy == "fair" else None
-            if v is None:
-                break
-            victim = self.running.pop(v)
-            out.reclaimed.append(victim)
-            budget += self._unschedule(victim, out)
-            self._preempt(victim)
+            # Seats taken back are for req alone: the victims must not win them back in the same step.
+            while (n := self._seat(req, budget) if len(self.running) < max_seqs else None) is None:
+                v = self.book.reclaim_victim(req, self.running, max_seqs) if policy == "fair" else None
+                if v is None:
+                    return budget
+                victim = self.running.pop(v)
+                out.reclaimed.append(victim)
+                budget += self._unschedule(victim, out)
+                self._preempt(victim)
+            if n > 0:
+                out.scheduled.append(ScheduledRequest(req, n))
+                budget -= n
         return budget
 
     def _seat(self, req: Request, budget: int) -> int | None:
