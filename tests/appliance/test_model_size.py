@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.gguf_header import read_header
 from appliance.model_size import memory_need, model_shape
+from engine.sources import default_model_path
 
 GIB = 1 << 30
 LLAMA_31_8B = {
@@ -43,3 +45,27 @@ def test_an_8b_model_in_nf4_takes_about_5_6_gib_and_128_kib_per_token(tmp_path: 
 def test_an_unknown_model_cannot_be_estimated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a model directory"):
         model_shape(str(tmp_path / "nothing"))
+
+
+def test_the_gguf_header_reader_agrees_with_the_gguf_package() -> None:
+    from gguf import GGUFReader
+
+    path = default_model_path()
+    header = read_header(path)
+    reference = GGUFReader(path)
+    for key in ("general.architecture", "llama.block_count", "llama.attention.head_count_kv", "llama.context_length"):
+        assert header.values[key] == reference.get_field(key).contents()  # type: ignore[union-attr]
+    assert header.array_lengths["tokenizer.ggml.tokens"] == len(reference.fields["tokenizer.ggml.tokens"].data)
+    assert header.tensor_names == {tensor.name for tensor in reference.tensors}
+
+
+def test_a_cut_or_foreign_gguf_cannot_be_estimated(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with default_model_path().open("rb") as whole:
+        cut.write_bytes(whole.read(4096))
+    with pytest.raises(ValueError, match="ends inside its metadata"):
+        model_shape(str(cut))
+    foreign = tmp_path / "foreign.gguf"
+    foreign.write_bytes(b"not a gguf at all")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        model_shape(str(foreign))
