@@ -1,5 +1,7 @@
-"""`appliance status`: asks the running server (its admin stats API) how it is doing: engine state, requests
-running and waiting, KV-cache use, memory headroom, recent queue wait. Exit 0 ready, 1 not ready, 3 not running."""
+"""`appliance status`: asks the running server how it is doing. With the admin password (its stats API): engine
+state, requests running and waiting, KV-cache use, memory headroom, recent queue wait; without it, what the public
+/health and /ready say: the state and why, the model, whether the server answers. Exit 0 ready, 1 not ready,
+3 not running."""
 
 from __future__ import annotations
 
@@ -60,12 +62,7 @@ def error_message(body: Any) -> str:
 def status(settings: Settings, password: str | None, as_json: bool) -> int:
     base = settings.local_url
     if password is None:
-        # Without the admin credential only readiness is public.
-        code, body = fetch(base, "/ready", None)
-        ready = code == 200
-        print(f"appliance at {base}: {'ready' if ready else error_message(body)}")
-        print("  (set APPLIANCE_ADMIN_PASSWORD or pass --password-stdin for the engine's numbers)")
-        return EXIT_READY if ready else EXIT_NOT_READY
+        return public_status(base, settings.model, as_json)
     code, body = fetch(base, "/admin/api/stats", password)
     if code == 401:
         raise StatusError(
@@ -81,6 +78,36 @@ def status(settings: Settings, password: str | None, as_json: bool) -> int:
     else:
         print("\n".join(describe(base, body)))
     return EXIT_READY if body["ready"] else EXIT_NOT_READY
+
+
+def public_status(base: str, model_setting: str, as_json: bool) -> int:
+    """Without the admin credential: what /health and /ready tell anyone on the LAN."""
+    health_code, health = fetch(base, "/health", None)
+    ready_code, ready = fetch(base, "/ready", None)
+    if as_json:
+        print(json.dumps({"health": health, "ready": ready}, indent=2))
+    else:
+        print("\n".join(describe_public(base, health_code == 200, ready_code == 200, ready, model_setting)))
+    return EXIT_READY if ready_code == 200 else EXIT_NOT_READY
+
+
+def describe_public(base: str, alive: bool, ready: bool, body: Any, model_setting: str) -> list[str]:
+    if ready:
+        state, detail = "ready", ""
+    else:
+        # "not ready: loading: the model is being loaded and warmed up" -> state "loading" and its detail.
+        state, _, detail = error_message(body).removeprefix("not ready: ").partition(": ")
+    lines = [f"appliance at {base}: {state}"]
+    if detail:
+        lines.append(f"  why:         {detail}")
+    served = body.get("model") if ready and isinstance(body, dict) else None
+    lines.append(f"  model:       {served}" if served else f"  model:       {model_setting} (this machine's setting)")
+    lines.append(f"  server:      {'answering (/health ok)' if alive else '/health fails'}")
+    lines.append(
+        "  more:        requests, KV cache, memory and queue wait need the admin password "
+        "(APPLIANCE_ADMIN_PASSWORD, or --password-stdin)"
+    )
+    return lines
 
 
 def describe(base: str, stats: dict[str, Any]) -> list[str]:
