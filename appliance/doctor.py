@@ -22,7 +22,7 @@ from appliance.database import schema_revision
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.probes import Gpu, cpu_flag, listener, nearest_existing, nvidia_gpus, probe_appliance
 from appliance.settings import Settings
-from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags
+from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe, has_native_bf16
 from web.console.render import fmt_bytes
 from web.static import VENDOR_DIR
 from web.static.assets import ASSETS, is_current
@@ -59,6 +59,7 @@ class Doctor:
             self.check_cuda,
             self.check_memory,
             self.check_bitsandbytes,
+            self.check_compute,
             self.check_model,
             self.check_data_dir,
             self.check_database,
@@ -270,6 +271,17 @@ class Doctor:
         )
 
     # -- files --------------------------------------------------------------------------------------------
+
+    def check_compute(self) -> Finding:
+        """What the engine will compute in, with the CPU flags that `auto` read to choose it (engine.hardware)."""
+        dtype = self.settings.dtype
+        chosen = ("bfloat16" if self.cuda else auto_cpu_dtype(cpu_flags())) if dtype == "auto" else dtype
+        where = "CUDA" if self.cuda else f"CPU flags: {describe(cpu_flags())}"
+        by_auto = ", chosen by auto" if dtype == "auto" else ""
+        summary = f"quantization {self.quantization_label}; compute dtype {chosen}{by_auto} ({where})"
+        if not self.cuda and chosen == "bfloat16" and not has_native_bf16(cpu_flags()):
+            return Finding(WARN, "compute", f"{summary}: this CPU emulates bf16, float32 is faster (APPLIANCE_DTYPE)")
+        return Finding(OK, "compute", summary)
 
     def check_model(self) -> Finding:
         model = self.settings.model

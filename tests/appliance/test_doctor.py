@@ -23,7 +23,7 @@ from tests.appliance.conftest import Cli
 from web.static import VENDOR_DIR
 from web.static.assets import ASSETS
 
-CHECKS = ["gpu", "cuda", "memory", "bitsandbytes", "model", "data dir", "database", "port", "disk", "assets"]
+CHECKS = ["gpu", "cuda", "memory", "bitsandbytes", "compute", "model", "data dir", "database", "port", "disk", "assets"]
 LINE = re.compile(r"^(ok|info|warn|fail) +(" + "|".join(CHECKS) + r") +\S")
 
 
@@ -92,6 +92,18 @@ def test_the_database_after_migrate_is_ok(cli: Cli, data_dir: Path) -> None:
 
 def test_without_quantization_bitsandbytes_is_skipped(data_dir: Path) -> None:
     assert doctor(data_dir=str(data_dir), quantization="none").check_bitsandbytes().level == "info"
+
+
+def test_the_auto_choices_follow_the_cpu_flags(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("appliance.doctor.cpu_flags", lambda: frozenset({"avx2"}))
+    auto = doctor(data_dir=str(data_dir), device="cpu").check_compute()
+    assert auto.level == "ok", auto
+    assert "quantization none, chosen by auto; compute dtype float32, chosen by auto (CPU flags: avx2)" in auto.message
+    forced = doctor(data_dir=str(data_dir), device="cpu", dtype="bfloat16").check_compute()
+    assert forced.level == "warn" and "float32 is faster" in forced.message
+    monkeypatch.setattr("appliance.doctor.cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    fast = doctor(data_dir=str(data_dir), device="cpu").check_compute()
+    assert "quantization nf4, chosen by auto; compute dtype bfloat16, chosen by auto" in fast.message
 
 
 def test_front_end_assets_missing_or_not_the_pinned_ones_fail(
