@@ -172,9 +172,10 @@ def _new_password(from_stdin: bool) -> str:
 
 def _bench(argv: list[str]) -> int:
     """engine.bench with its own options; the model cache is the appliance's when its settings load."""
-    # The benchmark needs no settings: without them engine.config picks its own cache directory.
+    # The benchmark needs no settings: without them the engine picks its own cache directory.
     with contextlib.suppress(SettingsError):
-        os.environ.setdefault("APPLIANCE_DATA_DIR", load_settings().data_dir)
+        if not any(arg.startswith("--cache-dir") for arg in argv):
+            argv = [*argv, "--cache-dir", str(load_settings().model_cache_dir)]
     from engine.bench.__main__ import main as bench_main
 
     return bench_main(argv)

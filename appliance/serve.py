@@ -17,11 +17,10 @@ from appliance.connections import ConnectionGuard, fit_open_file_limit, guarded_
 from appliance.sdnotify import Notifier, watchdog_interval
 from appliance.settings import Settings
 from appliance.supervisor import Supervisor
-from appliance.wiring import create_app, engine_config
+from appliance.wiring import build_gateway, engine_config
 from engine import AsyncEngineClient
 from engine import logs as engine_logs
-from web.generation.admission import drain
-from web.state import Services
+from web.app import Gateway, app_of
 
 log = logging.getLogger("appliance.serve")
 
@@ -30,9 +29,9 @@ class DrainingServer(uvicorn.Server):
     """uvicorn closes its socket at once on SIGTERM; this one first drains while the socket stays open, so
     callers get a clear 503 and load balancers see /ready fail. A second signal forces the exit."""
 
-    def __init__(self, config: uvicorn.Config, services: Services, supervisor: Supervisor) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, supervisor: Supervisor) -> None:
         super().__init__(config)
-        self.services = services
+        self.gateway = gateway
         self.supervisor = supervisor
         self.failed = False  # the engine could not start under systemd: exit non-zero
         self._drain_task: asyncio.Task[None] | None = None
@@ -60,7 +59,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
             self.force_exit = self._drain_task is not None
             return
-        timeout = self.services.config.drain_timeout
+        timeout = self.gateway.config.drain_timeout
         log.info("received %s: draining for up to %.0f s", signal.Signals(sig).name, timeout)
         self.supervisor.notifier.send("STOPPING=1", f"STATUS=draining requests in flight for up to {timeout:.0f} s")
         self._loop.call_soon_threadsafe(self._begin_drain)
@@ -71,7 +70,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         try:
-            await drain(self.services, self.services.config.drain_timeout)
+            await self.gateway.inflight.drain(self.gateway.config.drain_timeout)
         finally:
             self.should_exit = True
 
@@ -87,11 +86,10 @@ def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; raises SystemExit(1) when the engine could not start under systemd."""
     configure_logging(settings.log_level)
     client = AsyncEngineClient(engine_config(settings), auto_restart=True)
-    app = create_app(settings, client)
-    services: Services = app.state.services
+    gateway = build_gateway(settings, client)
     guard = ConnectionGuard(fit_open_file_limit(settings.max_connections), settings.request_read_timeout)
     config = uvicorn.Config(
-        app,
+        app_of(gateway),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -110,9 +108,9 @@ def serve(settings: Settings) -> None:
     )
     notifier = Notifier.from_environment()
     address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"
-    supervisor = Supervisor(services, client, notifier, watchdog_interval(), address)
+    supervisor = Supervisor(gateway.gate, client, notifier, watchdog_interval(), address)
     log.info("listening on %s; the engine loads %s now (its progress follows)", address, settings.model)
-    server = DrainingServer(config, services, supervisor)
+    server = DrainingServer(config, gateway, supervisor)
     try:
         server.run()
     finally:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from appliance.sdnotify import Notifier
-from web.state import Services
+from web.generation.gate import EngineGate
 
 log = logging.getLogger("appliance.supervisor")
 
@@ -30,9 +30,9 @@ class Heartbeat(Protocol):
 
 class Supervisor:
     def __init__(
-        self, services: Services, engine: Heartbeat, notifier: Notifier, watchdog_s: float | None, address: str
+        self, gate: EngineGate, engine: Heartbeat, notifier: Notifier, watchdog_s: float | None, address: str
     ) -> None:
-        self.services = services
+        self.gate = gate
         self.engine = engine
         self.notifier = notifier
         self.watchdog_s = watchdog_s
@@ -45,22 +45,22 @@ class Supervisor:
         """Until cancelled. Returns False early when the engine failed to start under systemd: a service stuck
         in "activating" until TimeoutStartSec helps nobody, while an exit lets Restart= and the journal speak."""
         while True:
-            ready, why = self.services.readiness()
+            ready, why = self.gate.readiness()
             if ready and listening():
                 break
-            if self.services.engine_start_error is not None and self.notifier.enabled:
+            if self.gate.start_error is not None and self.notifier.enabled:
                 self.notifier.send(f"STATUS={why}")
                 return False
             self.status(why if listening() else "starting: the database first, then the model")
             await asyncio.sleep(LOADING_TICK_S)
-        self._status = f"serving {self.services.model_name} on {self.address}"
+        self._status = f"serving {self.gate.model_name} on {self.address}"
         self.notifier.send("READY=1", f"STATUS={self._status}")
         log.info("ready: %s", self._status)
         tick = min(RUNNING_TICK_S, self.watchdog_s or RUNNING_TICK_S)
         last_ping = 0.0
         while True:
-            ready, why = self.services.readiness()
-            self.status(f"serving {self.services.model_name} on {self.address}" if ready else why)
+            ready, why = self.gate.readiness()
+            self.status(f"serving {self.gate.model_name} on {self.address}" if ready else why)
             now = time.monotonic()
             # Half a tick early rather than half a tick late: sleeps overshoot.
             if self.watchdog_s is not None and now - last_ping >= self.watchdog_s - tick / 2 and self.alive():

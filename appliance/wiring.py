@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from litestar import Litestar
-
 from appliance.settings import Settings, load_settings
 from engine import AsyncEngineClient, EngineConfig
-from web.app import create_app as create_web_app
+from web.app import Gateway
+from web.app import build_gateway as build_web_gateway
 from web.config import WebConfig
 from web.db import sqlite_url
-from web.state import EngineClient
+from web.generation.backend import EngineClient
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -49,9 +48,9 @@ def web_config(settings: Settings) -> WebConfig:
     )
 
 
-def create_app(settings: Settings | None = None, client: EngineClient | None = None) -> Litestar:
-    """The whole appliance as an ASGI app; settings from the environment unless given."""
+def build_gateway(settings: Settings | None = None, client: EngineClient | None = None) -> Gateway:
+    """The whole appliance's parts; settings from the environment unless given."""
     settings = settings or load_settings()
     config = engine_config(settings)
     settings.database_path.parent.mkdir(parents=True, exist_ok=True)
-    return create_web_app(web_config(settings), client or AsyncEngineClient(config, auto_restart=True))
+    return build_web_gateway(web_config(settings), client or AsyncEngineClient(config, auto_restart=True))

@@ -40,11 +40,11 @@ case $OUT_DIR in /*) ;; *) OUT_DIR=$PWD/$OUT_DIR ;; esac  # relative to where it
 cd "$ROOT"
 
 if [ "$MODE" = prepare ]; then
-    mkdir -p "$CARRY/wheels" "$CARRY/data/models"
+    mkdir -p "$CARRY/wheels" "$CARRY/data"
     "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$CARRY/wheels" bitsandbytes==0.50.2 msgspec==0.22.0 transformers==5.24.0
-    APPLIANCE_DATA_DIR=$CARRY/data "$PYTHON" -c '
+    XDG_DATA_HOME=$CARRY/data "$PYTHON" -c '
 from engine.config import EngineConfig
 from engine.loader import random_model_dir
 print(random_model_dir("tiny", EngineConfig().model_cache_dir))  # the other presets take its tokenizer there
@@ -62,7 +62,7 @@ else
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ -d "$CARRY/data" ]; then
-    export APPLIANCE_DATA_DIR=$CARRY/data
+    export XDG_DATA_HOME=$CARRY/data  # the engine's default model cache: $XDG_DATA_HOME/llm-appliance/models
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT_DIR"

@@ -17,7 +17,7 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.tenant import Tenant
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "LLM",
+    "MAX_LOGPROBS",
     "AsyncEngineClient",
     "CompletionResult",
     "ConfigError",

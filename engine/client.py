@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -81,6 +81,54 @@ class _Collector:
         raise self.error
 
 
+OutputObserver = Callable[[Sequence[RequestOutput]], None]
+
+
+class RequestStream:
+    """One request's deltas, as an async iterator; closing it before the final delta aborts the request."""
+
+    __slots__ = ("_client", "_collector", "_done", "_error", "request_id")
+
+    def __init__(
+        self, client: AsyncEngineClient, request_id: str, collector: _Collector | None, error: Exception | None
+    ) -> None:
+        self._client = client
+        self.request_id = request_id
+        self._collector = collector
+        self._error = error
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        if self._collector is None:
+            self._done = True
+            assert self._error is not None
+            raise self._error
+        try:
+            out = await self._collector.get()
+        except BaseException as exc:
+            # A refusal or a dead engine ends the request there; a cancelled consumer leaves it running for aclose().
+            if isinstance(exc, Exception):
+                self._finish(abort=False)
+            raise
+        if out.finished:
+            self._finish(abort=False)
+        return out
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._finish(abort=self._collector is not None and self._collector.error is None)
+
+    def _finish(self, abort: bool) -> None:
+        self._done = True
+        if self._collector is not None:
+            self._client._release(self.request_id, abort)
+
+
 class AsyncEngineClient:
     """state: "stopped" -> "loading" -> "ready"; "down" when the process died; "stopping" on shutdown."""
 
@@ -103,6 +151,7 @@ class AsyncEngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._restart_task: asyncio.Task[None] | None = None
+        self._observer: OutputObserver | None = None
 
     # -- life cycle ------------------------------------------------------------------------------------
 
@@ -179,42 +228,44 @@ class AsyncEngineClient:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    async def generate(
+    def generate(
         self,
         prompt: str | Sequence[int],
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
         tenant: Tenant | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yield deltas, the last with finished=True. Raises QueueFullError, InvalidRequestError or
-        ContextLengthError at the first item when refused, EngineDeadError when the engine dies. Closing the
-        iterator early aborts the request."""
-        if self.state != "ready":
-            raise EngineDeadError(f"the engine is not ready (state: {self.state})")
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ) -> RequestStream:
+        """Queue the request at once (the engine takes it at its next step) and return its deltas, the last with
+        finished=True. A refusal (QueueFullError, InvalidRequestError, ContextLengthError, EngineDeadError when
+        the engine is not ready or dies) is raised by the first item. Closing the stream early aborts it."""
         rid = request_id or uuid.uuid4().hex
+        if self.state != "ready":
+            return RequestStream(self, rid, None, EngineDeadError(f"the engine is not ready (state: {self.state})"))
         if rid in self._collectors:
-            raise InvalidRequestError(f"request id {rid!r} is already in use", "request_id")
+            return RequestStream(
+                self, rid, None, InvalidRequestError(f"request id {rid!r} is already in use", "request_id")
+            )
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         collector = _Collector()
         self._collectors[rid] = collector
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        finished = False
-        try:
-            self._send(AddRequest(rid, ids, params, arrival, tenant))
-            while True:
-                out = await collector.get()
-                finished = out.finished
-                yield out
-                if finished:
-                    return
-        finally:
-            self._collectors.pop(rid, None)
-            if not finished and collector.error is None:
-                self._send(AbortRequests([rid]))
+        self._send(AddRequest(rid, ids, params, arrival, tenant))
+        return RequestStream(self, rid, collector, None)
+
+    def observe_outputs(self, observer: OutputObserver | None) -> None:
+        """Call `observer` with every batch of deltas as it arrives from the engine, before any consumer sees
+        them (on the event loop; keep it cheap). For measurements: the benchmark stamps each token here."""
+        self._observer = observer
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._collectors:
+            self._send(AbortRequests([request_id]))
+
+    def _release(self, request_id: str, abort: bool) -> None:
+        """A stream is done with its collector; `abort` when the engine may still be working on it."""
+        self._collectors.pop(request_id, None)
+        if abort:
             self._send(AbortRequests([request_id]))
 
     def stats(self) -> EngineStats | None:
@@ -275,6 +326,8 @@ class AsyncEngineClient:
         if isinstance(msg, StepOutputs):
             if msg.stats is not None:
                 self._stats = msg.stats
+            if self._observer is not None and msg.outputs:
+                self._observer(msg.outputs)
             for out in msg.outputs:
                 collector = self._collectors.get(out.request_id)
                 if collector is not None:

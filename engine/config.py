@@ -23,11 +23,10 @@ POLICIES: tuple[str, ...] = ("fair", "fcfs", "continuous", "static", "sequential
 
 
 def default_cache_dir() -> Path:
-    """Where converted models live: $APPLIANCE_DATA_DIR/models, else the user's cache directory."""
-    data_dir = os.environ.get("APPLIANCE_DATA_DIR")
-    if data_dir:
-        return Path(data_dir) / "models"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-appliance" / "models"
+    """Where converted models live when nobody says: $XDG_DATA_HOME/llm-appliance/models, which is also where the
+    appliance keeps them by default, so `python -m engine` and `appliance serve` convert the bundled model once."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "llm-appliance" / "models"
 
 
 @dataclass(frozen=True, slots=True)

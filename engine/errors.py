@@ -18,7 +18,12 @@ class InvalidRequestError(EngineError, ValueError):
 
 
 class ContextLengthError(InvalidRequestError):
-    """Prompt plus max_tokens does not fit the model's context or the KV pool."""
+    """Prompt plus max_tokens does not fit the model's context or the KV pool; `prompt_too_long` when the prompt
+    alone leaves no room for one token (a server names its own prompt field then)."""
+
+    def __init__(self, message: str, param: str | None = None, *, prompt_too_long: bool = False) -> None:
+        super().__init__(message, param)
+        self.prompt_too_long = prompt_too_long
 
 
 class QueueFullError(EngineError):

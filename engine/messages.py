@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.limits import check_fits
 from engine.sampling_params import SamplingParams
 from engine.tenant import Tenant
 
@@ -76,6 +77,10 @@ class ModelInfo(msgspec.Struct, frozen=True):
     num_kv_blocks: int
     block_size: int
     kv_bytes_per_block: int
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """The engine's context-length check, for a server to run before it commits to a request."""
+        check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
 
 
 class TenantStats(msgspec.Struct, frozen=True):

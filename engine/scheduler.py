@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.errors import ContextLengthError, QueueFullError
+from engine.errors import QueueFullError
 from engine.fair import TenantBook
+from engine.limits import check_fits
 from engine.queues import FairQueue, FcfsQueue, WaitingQueue
 from engine.request import Request, RequestStatus
 
@@ -74,19 +75,8 @@ class Scheduler:
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Reject a request that could never run: beyond the model's context or the whole KV pool."""
-        total = num_prompt_tokens + max_tokens
-        if total > self.limits.max_model_len:
-            raise ContextLengthError(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total} tokens, "
-                f"beyond the model's context of {self.limits.max_model_len} tokens",
-                "max_tokens",
-            )
         capacity = self.blocks.num_blocks * self.blocks.block_size
-        if total - 1 > capacity:  # the last sampled token is never written to the cache
-            raise ContextLengthError(
-                f"prompt plus max_tokens is {total} tokens, more than the whole KV cache holds ({capacity})",
-                "max_tokens",
-            )
+        check_fits(num_prompt_tokens, max_tokens, self.limits.max_model_len, capacity)
 
     def add_request(self, request: Request) -> None:
         if len(self.waiting) >= self.limits.max_queue:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from logging.config import fileConfig
 from typing import Any
 
@@ -22,10 +21,8 @@ target_metadata = Base.metadata
 
 
 def _url() -> str | None:
-    data_dir = os.environ.get("APPLIANCE_DATA_DIR")
-    if data_dir:
-        return f"sqlite+aiosqlite:///{data_dir}/appliance.db"
-    return config.get_main_option("sqlalchemy.url")
+    """The database the caller names: web.db.alembic_config(url) sets it, the alembic CLI takes `-x url=...`."""
+    return context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
 
 
 def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:

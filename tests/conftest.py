@@ -3,8 +3,38 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-# Must happen before engine modules read it.
-os.environ.setdefault("APPLIANCE_DATA_DIR", str(Path(__file__).resolve().parent.parent / "data" / "test-cache"))
+import pytest
+
+# Must happen before engine modules read it: the engine's default model cache and the appliance's default data
+# directory are both under $XDG_DATA_HOME/llm-appliance.
+os.environ.setdefault("XDG_DATA_HOME", str(Path(__file__).resolve().parent.parent / "data" / "test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from web.system import admin_auth  # after the environment above
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _scrypt_once_per_password() -> Iterator[None]:
+    """The admin password is hashed at scrypt's full cost (about a second), and nearly every app a test starts
+    seeds and checks the same one: compute each distinct hash and check once per run. The results are the real
+    function's (a real N=2^17 hash, a real verdict), so what the tests see is unchanged."""
+    hash_real, verify_real = admin_auth.hash_password, admin_auth.verify_password
+    hashes: dict[str, str] = {}
+    verdicts: dict[tuple[str, str], bool] = {}
+
+    def hash_password(password: str) -> str:
+        if password not in hashes:
+            hashes[password] = hash_real(password)
+        return hashes[password]
+
+    def verify_password(password: str, stored: str) -> bool:
+        if (password, stored) not in verdicts:
+            verdicts[password, stored] = verify_real(password, stored)
+        return verdicts[password, stored]
+
+    admin_auth.hash_password, admin_auth.verify_password = hash_password, verify_password  # type: ignore[assignment]
+    yield
+    admin_auth.hash_password, admin_auth.verify_password = hash_real, verify_real  # type: ignore[assignment]

@@ -1,33 +1,42 @@
-"""The Litestar app factory: wires the rooms' routers, the one error mapping, and the start-up/shutdown order
-(migrate -> recover -> engine in the background -> jobs; drain -> jobs -> engine -> writer -> database)."""
+"""The Litestar app factory: builds the gateway's parts once, hands each handler the ones it names through
+Litestar's dependencies, wires the rooms' routers with their guards and the one error mapping, and owns the
+start-up/shutdown order (migrate -> recover -> engine in the background -> jobs; drain -> jobs -> engine ->
+writer -> database)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from typing import Any
 
 from litestar import Litestar
-from litestar.datastructures import State
+from litestar.di import Provide
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from engine import EngineError
 from web.config import WebConfig
 from web.console.mount import pages
 from web.db import create_db_engine, create_sessionmaker, upgrade_schema
 from web.errors import EXCEPTION_HANDLERS
-from web.generation.admission import drain
+from web.generation.backend import EngineClient
+from web.generation.gate import EngineGate
+from web.generation.inflight import InFlight
+from web.generation.run import Generations
 from web.history.routes import history_router
 from web.history.service import HistoryService
 from web.history.writer import BatchWriter
-from web.jobs import Jobs
+from web.jobs import Jobs, Sampler
+from web.keys.guard import api_key_guard
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.routes import keys_router
 from web.keys.service import KeyService
+from web.keys.views import KeyViews
+from web.ledger import Ledger
 from web.openai.routes import openai_router
-from web.state import EngineClient, Services
-from web.system.admin_auth import AdminAuth
+from web.openai.service import Prompts
+from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics
 from web.system.openapi import document_router
 from web.system.routes import admin_system_router, system_router
@@ -35,84 +44,124 @@ from web.system.routes import admin_system_router, system_router
 log = logging.getLogger("web.app")
 
 
-def build_services(config: WebConfig, client: EngineClient) -> Services:
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """The parts of one app, built once. Handlers never see this: each names the parts it uses (the field names
+    are the dependency names); the app factory, the service around it (appliance/) and tests hold it."""
+
+    config: WebConfig
+    client: EngineClient
+    db: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    writer: BatchWriter
+    keys: KeyService
+    views: KeyViews
+    history: HistoryService
+    limiter: ConcurrencyLimiter
+    metrics: Metrics
+    admin: AdminAuth
+    gate: EngineGate
+    ledger: Ledger
+    inflight: InFlight
+    generations: Generations
+    prompts: Prompts
+    jobs: Jobs
+
+    def dependencies(self) -> dict[str, Provide]:
+        return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
+
+    async def start(self) -> None:
+        """Database first (schema, crash recovery, admin seed); the engine is the caller's to start."""
+        if self.config.run_migrations:
+            await upgrade_schema(self.db)
+        interrupted = await self.ledger.recover()
+        if interrupted:
+            log.warning("marked %d request(s) left in flight by the last run as interrupted", interrupted)
+        if await self.admin.seed(self.config.admin_password):
+            log.info("admin credential stored from the admin_password setting")
+        self.writer.start()
+
+    async def stop(self, engine_task: asyncio.Task[None] | None = None) -> None:
+        await self.inflight.drain(self.config.drain_timeout)
+        if engine_task is not None and not engine_task.done():
+            engine_task.cancel()
+        await self.client.shutdown()
+        await self.writer.stop()
+        await self.db.dispose()
+
+
+def _provider(value: Any) -> Provide:
+    def provide() -> Any:
+        return value
+
+    return Provide(provide, use_cache=True, sync_to_thread=False)
+
+
+def build_gateway(config: WebConfig, client: EngineClient) -> Gateway:
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
-    holder: list[Services] = []
-    metrics = Metrics(client.stats, lambda: holder[0].model_name if holder else None)
+    gate = EngineGate(client, config.served_model_name)
+    metrics = Metrics(client.stats, lambda: gate.model_name)
     writer = BatchWriter(db, on_error=metrics.observe_db_error)
-    services = Services(
+    keys = KeyService(sessions, db)
+    history = HistoryService(sessions)
+    limiter = ConcurrencyLimiter()
+    ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text)
+    inflight = InFlight(gate, ledger)
+    return Gateway(
         config=config,
         client=client,
         db=db,
         sessions=sessions,
         writer=writer,
-        keys=KeyService(sessions, db),
-        history=HistoryService(sessions, writer),
-        limiter=ConcurrencyLimiter(),
+        keys=keys,
+        views=KeyViews(keys, limiter),
+        history=history,
+        limiter=limiter,
         metrics=metrics,
         admin=AdminAuth(sessions, config.metrics_token),
-        started_at=int(time.time()),
+        gate=gate,
+        ledger=ledger,
+        inflight=inflight,
+        generations=Generations(client, ledger, inflight, metrics, config.store_text),
+        prompts=Prompts(gate, client, config.default_max_tokens, config.store_text),
+        jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
     )
-    holder.append(services)
-    return services
-
-
-async def start_services(services: Services) -> None:
-    """Database first (schema, crash recovery, admin seed), then the engine without waiting for it."""
-    if services.config.run_migrations:
-        await upgrade_schema(services.db)
-    interrupted = await services.history.mark_interrupted()
-    if interrupted:
-        log.warning("marked %d request(s) left in flight by the last run as interrupted", interrupted)
-    await services.keys.release_all_reservations()
-    if await services.admin.seed(services.config.admin_password):
-        log.info("admin credential stored from the admin_password setting")
-    services.writer.start()
-
-
-async def _start_engine(services: Services) -> None:
-    try:
-        info = await services.client.start()
-        log.info("engine ready: %s (max_model_len %d)", info.name, info.max_model_len)
-    except EngineError as exc:
-        services.engine_start_error = str(exc)
-        log.error("the engine failed to start: %s", exc)
-
-
-async def stop_services(services: Services, engine_task: asyncio.Task[None] | None = None) -> None:
-    await drain(services, services.config.drain_timeout)
-    if engine_task is not None and not engine_task.done():
-        engine_task.cancel()
-    await services.client.shutdown()
-    await services.writer.stop()
-    await services.db.dispose()
 
 
 def create_app(config: WebConfig, client: EngineClient) -> Litestar:
-    services = build_services(config, client)
+    return app_of(build_gateway(config, client))
 
+
+def app_of(gateway: Gateway) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        await start_services(services)
-        engine_task = asyncio.create_task(_start_engine(services), name="engine-start")
-        jobs = Jobs(services)
-        jobs.start()
+        await gateway.start()
+        engine_task = asyncio.create_task(gateway.gate.start_engine(), name="engine-start")
+        gateway.jobs.start()
         try:
             yield
         finally:
-            jobs.shutdown()
-            await stop_services(services, engine_task)
+            gateway.jobs.shutdown()
+            await gateway.stop(engine_task)
 
-    api = [openai_router, system_router, admin_system_router, keys_router, history_router]
+    admin = admin_guard(gateway.admin)
+    api = [
+        openai_router(api_key_guard(gateway.keys)),
+        system_router(metrics_guard(gateway.admin)),
+        admin_system_router(admin),
+        keys_router(admin),
+        history_router(admin),
+    ]
     browser = pages()  # the chat page, the admin console, their templates and static files
+    dependencies = gateway.dependencies()
     return Litestar(
-        route_handlers=[*api, document_router(api), *browser.route_handlers],
+        route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],
+        dependencies=dependencies,
         template_config=browser.template_config,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
-        state=State({"services": services}),
-        request_max_body_size=config.max_body_bytes,
+        request_max_body_size=gateway.config.max_body_bytes,
         openapi_config=None,  # the document is web/system/openapi.py's: Litestar's alone is wrong (and at /schema)
         logging_config=None,  # logging belongs to the process (appliance), not to the web room
     )

@@ -4,14 +4,18 @@ history and sample retention, and the 5-second engine sampler that feeds the con
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from engine import EngineStats
+from web.config import WebConfig
+from web.history.service import HistoryService
+from web.keys.service import KeyService
 from web.models import EngineSample, utcnow
-from web.state import Services
-from web.system.metrics import percentile
+from web.system.metrics import Metrics, percentile
 
 log = logging.getLogger("web.jobs")
 
@@ -19,13 +23,20 @@ log = logging.getLogger("web.jobs")
 class Sampler:
     """Turns engine snapshots into stored samples; tokens/s comes from the counter delta between two."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats | None],
+        metrics: Metrics,
+        sessions: async_sessionmaker[AsyncSession],
+    ) -> None:
+        self.stats = stats
+        self.metrics = metrics
+        self.sessions = sessions
         self._previous: EngineStats | None = None
 
     def build(self, now: datetime) -> EngineSample | None:
-        s = self.services.client.stats()
-        waits = self.services.metrics.take_queue_waits()
+        s = self.stats()
+        waits = self.metrics.take_queue_waits()
         if s is None:
             return None
         prev, self._previous = self._previous, s
@@ -56,18 +67,20 @@ class Sampler:
         sample = self.build(utcnow())
         if sample is None:
             return
-        async with self.services.sessions.begin() as session:
+        async with self.sessions.begin() as session:
             session.add(sample)
 
 
 class Jobs:
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.sampler = Sampler(services)
+    def __init__(self, config: WebConfig, keys: KeyService, history: HistoryService, sampler: Sampler) -> None:
+        self.config = config
+        self.keys = keys
+        self.history = history
+        self.sampler = sampler
         self.scheduler = AsyncIOScheduler(timezone=UTC)
 
     def start(self) -> None:
-        config = self.services.config
+        config = self.config
         soon = datetime.now(UTC) + timedelta(seconds=1)
         common = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 60}
         self.scheduler.add_job(self.roll_over, "interval", minutes=1, next_run_time=soon, id="quota-rollover", **common)
@@ -82,12 +95,12 @@ class Jobs:
             self.scheduler.shutdown(wait=False)
 
     async def roll_over(self) -> None:
-        count = await self.services.keys.roll_over_all()
+        count = await self.keys.roll_over_all()
         if count:
             log.info("quota period rolled over for %d key(s)", count)
 
     async def prune(self) -> None:
-        config = self.services.config
-        rows, samples = await self.services.history.prune(config.history_retention_days, config.sample_retention_days)
+        config = self.config
+        rows, samples = await self.history.prune(config.history_retention_days, config.sample_retention_days)
         if rows or samples:
             log.info("retention: deleted %d request row(s) and %d sample(s)", rows, samples)

@@ -60,6 +60,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     p.add_argument("--overhead-running", type=int, default=64, help="batch size for the overhead probe (0: skip)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here ('-' for stdout)")
+    p.add_argument(
+        "--cache-dir", help="converted-model cache (default: the engine's, $XDG_DATA_HOME/llm-appliance/models)"
+    )
     return p.parse_args(argv)
 
 
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
         cpu_threads=args.cpu_threads,
+        cache_dir=args.cache_dir,
     )
     print(f"loading {config.model} ({config.quantization}) …", file=sys.stderr)
     loaded = load_model(config, lambda what: print(f"  {what}", file=sys.stderr), attn_implementation=ATTENTION_NAME)

@@ -12,8 +12,9 @@ XSS_IMG = "<img src=x onerror=window.__xss=1>"
 XSS_SCRIPT = "<script>window.__xss=1</script>"
 
 
-def open_chat(page: Page, key: str, max_tokens: int = 16) -> None:
-    """Open the chat with `key` (asked for on a first visit, else set in the settings) and a max_tokens."""
+def open_chat(page: Page, key: str, max_tokens: int | None = 16) -> None:
+    """Open the chat with `key` (asked for on a first visit, else set in the settings) and a max_tokens (None:
+    leave the page's own default)."""
     page.goto("/")
     if page.locator("#key-input").is_visible():  # first visit: the page asks for a key
         page.fill("#key-input", key)
@@ -22,8 +23,9 @@ def open_chat(page: Page, key: str, max_tokens: int = 16) -> None:
     else:
         page.click("#toggle-settings")
         page.fill("#api-key", key)
-    page.fill("#max-tokens", str(max_tokens))
-    page.press("#max-tokens", "Tab")
+    if max_tokens is not None:
+        page.fill("#max-tokens", str(max_tokens))
+        page.press("#max-tokens", "Tab")
     page.click("#toggle-settings")
 
 

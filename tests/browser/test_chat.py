@@ -82,6 +82,18 @@ def test_keyboard_conversations_and_phone_screen(page: Page, server: Server) -> 
     expect(page.locator("#conversations li")).to_have_count(1)
 
 
+def test_a_small_quota_answers_the_first_message(page: Page, server: Server) -> None:
+    """Issue 17, Q1: the page asked for 512 tokens, and a key with a 500-token monthly quota was refused on its
+    first message (with a Retry-After of a month). Now the page asks for no particular length and the server
+    runs a request with what the quota has left."""
+    open_chat(page, server.new_key("small quota", quota_tokens=500, quota_period="month"), max_tokens=None)
+    send(page, "hello")
+    expect(page.locator(".message.assistant").last).not_to_have_text("")
+    expect(page.locator(".message.assistant .error")).to_have_count(0)
+    row = server.requests(status="finished")[0]  # the newest
+    assert row["max_tokens_requested"] is None and row["max_tokens_applied"] <= 500 - row["prompt_tokens"]
+
+
 def test_refusals_are_explained_in_plain_words(page: Page, server: Server) -> None:
     open_chat(page, server.new_key("tiny quota", quota_tokens=20), max_tokens=64)
     send(page, "hello")

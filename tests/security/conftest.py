@@ -20,9 +20,8 @@ from litestar.testing import TestClient
 from tests.figures import record
 from tests.web.conftest import ADMIN, ADMIN_PASSWORD, web_config
 from tests.web.fakes import FakeEngineClient
-from web.app import create_app
+from web.app import Gateway, app_of, build_gateway, create_app
 from web.console.auth import LOGIN_COOKIE, SESSION_COOKIE
-from web.state import Services
 
 SUITE = "security"
 TRIED = "bad inputs tried"
@@ -55,15 +54,11 @@ class Appliance:
     """The app on the fake engine, served in-process; requests run on the client's own event loop thread."""
 
     app: Litestar
+    gateway: Gateway
     http: TestClient[Litestar]
     fake: FakeEngineClient
     db_path: Path
     keys: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def services(self) -> Services:
-        services: Services = self.app.state.services
-        return services
 
     def new_key(self, name: str = "security", **limits: Any) -> tuple[int, str]:
         response = self.http.post("/admin/api/keys", json={"name": name, **limits}, headers=ADMIN)
@@ -110,7 +105,7 @@ class Appliance:
         return self.http.post(path, data=dict(form), headers={**cookie, **headers}, follow_redirects=False)
 
     def flush_history(self) -> None:
-        self.http.blocking_portal.call(self.services.writer.flush)
+        self.http.blocking_portal.call(self.gateway.writer.flush)
 
 
 def route_table() -> Litestar:
@@ -124,13 +119,14 @@ def serve(
 ) -> Iterator[Appliance]:
     fake = fake or FakeEngineClient()
     db_path = tmp_path / "appliance.db"
-    app = create_app(web_config(db_path, **config), fake)
+    gateway = build_gateway(web_config(db_path, **config), fake)
+    app = app_of(gateway)
     with TestClient(app=app, base_url=base_url, raise_server_exceptions=False, timeout=30) as http:
         deadline = time.monotonic() + 10
         while http.get("/ready").status_code != 200:
             assert time.monotonic() < deadline, "the app never became ready"
             time.sleep(0.01)
-        yield Appliance(app, http, fake, db_path)
+        yield Appliance(app, gateway, http, fake, db_path)
 
 
 @pytest.fixture(scope="module")

@@ -260,7 +260,7 @@ def test_keys_and_passwords_exist_only_hashed_in_the_database(tmp_path: Path, ca
         served.http.get("/v1/models", headers={"Authorization": f"Bearer {key}x"})
         served.revoke(key_id)
         served.http.get("/v1/models", headers=_bearer(key))
-        served.http.blocking_portal.call(served.services.admin.set_password, new_password)
+        served.http.blocking_portal.call(served.gateway.admin.set_password, new_password)
         new_basic = "Basic " + base64.b64encode(f"admin:{new_password}".encode()).decode()
         assert served.http.get("/admin/api/keys", headers={"Authorization": new_basic}).status_code == 200
         served.sign_in(new_password)

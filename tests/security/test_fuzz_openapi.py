@@ -30,7 +30,7 @@ from tests.security.api_document import (
 from tests.security.conftest import SERVER_ERRORS, TRIED, figures, headers_for, route_table
 from tests.web.conftest import ADMIN, web_config
 from tests.web.fakes import FakeEngineClient
-from web.app import create_app
+from web.app import build_gateway, create_app
 from web.history.routes import history_router
 from web.keys.routes import keys_router
 from web.openai.routes import openai_router
@@ -93,11 +93,22 @@ def test_the_app_serves_a_complete_openapi_document(tmp_path: Path) -> None:
     assert "text/plain" in paths["/metrics"]["get"]["responses"]["200"]["content"]
 
 
-def test_litestar_alone_documents_the_wrong_error_shape() -> None:
+def test_litestar_alone_documents_the_wrong_error_shape(tmp_path: Path) -> None:
     """Why the document is completed: what Litestar generates says a 400 is {status_code, detail, extra}, while
     the app answers every error in OpenAI's shape (web/errors.py); and it knows no /v1 request body."""
-    routers = [openai_router, system_router, admin_system_router, keys_router, history_router]
-    generated = generated_document(routers)
+
+    async def open_door(*_: Any) -> None:
+        return None
+
+    routers = [
+        openai_router(open_door),
+        system_router(open_door),
+        admin_system_router(open_door),
+        keys_router(open_door),
+        history_router(open_door),
+    ]
+    dependencies = build_gateway(web_config(tmp_path / "appliance.db"), FakeEngineClient()).dependencies()
+    generated = generated_document(routers, dependencies)
     samples = generated["paths"]["/admin/api/samples"]["get"]["responses"]["400"]
     assert "status_code" in str(samples)
     assert "requestBody" not in generated["paths"]["/v1/chat/completions"]["post"]

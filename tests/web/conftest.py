@@ -19,10 +19,9 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from tests.web.fakes import FakeEngineClient
-from web.app import create_app
+from web.app import Gateway, app_of, build_gateway, create_app
 from web.config import WebConfig
 from web.db import sqlite_url
-from web.state import Services
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 METRICS_TOKEN = "metrics-token-for-tests"
@@ -53,8 +52,13 @@ def fake() -> FakeEngineClient:
 
 
 @pytest.fixture
-def app(fake: FakeEngineClient, db_path: Path) -> Litestar:
-    return create_app(web_config(db_path), fake)
+def gateway(fake: FakeEngineClient, db_path: Path) -> Gateway:
+    return build_gateway(web_config(db_path), fake)
+
+
+@pytest.fixture
+def app(gateway: Gateway) -> Litestar:
+    return app_of(gateway)
 
 
 @pytest.fixture
@@ -82,7 +86,7 @@ class InLoop:
 
     app: Litestar
     http: httpx.AsyncClient
-    services: Services
+    gateway: Gateway
     fake: FakeEngineClient
 
 
@@ -110,12 +114,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
 
 
 @pytest.fixture
-async def in_loop(app: Litestar, fake: FakeEngineClient) -> AsyncIterator[InLoop]:
+async def in_loop(app: Litestar, gateway: Gateway, fake: FakeEngineClient) -> AsyncIterator[InLoop]:
     async with lifespan(app):
         transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
         async with httpx.AsyncClient(transport=transport, base_url="http://appliance", timeout=30) as http:
             await wait_ready(http)
-            yield InLoop(app, http, app.state.services, fake)
+            yield InLoop(app, http, gateway, fake)
 
 
 async def wait_ready(client: Any, attempts: int = 200) -> None:

@@ -15,7 +15,7 @@ import httpx
 from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_MODEL_CACHE = REPO / "data" / "test-cache" / "models"
+SHARED_MODEL_CACHE = REPO / "data" / "test-cache" / "llm-appliance" / "models"  # tests/conftest.py's XDG_DATA_HOME
 READY_TIMEOUT = 600.0
 
 

@@ -61,7 +61,9 @@ async def test_rejections_after_authentication_are_recorded(
     key = await new_key(client, quota_tokens=30)
     await client.post("/v1/chat/completions", json=CHAT)  # no key: no row
     await client.post("/v1/chat/completions", content=b"{oops", headers=bearer(key))
-    await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 20}, headers=bearer(key))  # quota
+    # A prompt the quota cannot hold (a smaller max_tokens would not help: issue 17, Q1 lowers it instead).
+    long = {**CHAT, "messages": [{"role": "user", "content": "x" * 20}], "max_tokens": 20}
+    await client.post("/v1/chat/completions", json=long, headers=bearer(key))  # quota
     fake.reject_next = "queue_full"
     await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2}, headers=bearer(key))
     found = rows(db, "SELECT status, error, reserved_tokens FROM requests ORDER BY arrival_at")

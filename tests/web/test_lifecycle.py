@@ -11,7 +11,6 @@ import httpx
 from litestar import Litestar
 
 from tests.web.conftest import MODEL, InLoop, assert_openai_error, bearer, new_key, rows, sse_events
-from web.generation.admission import drain
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}  # 19 prompt tokens
 
@@ -74,7 +73,7 @@ async def test_stream_disconnect_aborts_and_charges_tokens_so_far(in_loop: InLoo
     body = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
     chunks = await call_then_disconnect(in_loop.app, key, body, after_chunks=3)
     assert len(chunks) >= 3
-    await in_loop.services.writer.flush()
+    await in_loop.gateway.writer.flush()
     (row,) = rows(db, "SELECT * FROM requests")
     assert row["status"] == "cancelled" and "disconnected" in row["error"]
     assert row["id"] in in_loop.fake.closed_early  # the engine request was aborted, not run to the end
@@ -82,7 +81,7 @@ async def test_stream_disconnect_aborts_and_charges_tokens_so_far(in_loop: InLoo
     assert 3 <= row["completion_tokens"] <= generated < 200
     (quota,) = rows(db, "SELECT used_tokens, reserved_tokens FROM key_usage")
     assert quota["used_tokens"] == 19 + row["completion_tokens"] and quota["reserved_tokens"] == 0
-    assert not in_loop.services.live and in_loop.services.limiter.in_flight(1) == 0
+    assert not in_loop.gateway.inflight and in_loop.gateway.limiter.in_flight(1) == 0
 
 
 async def test_disconnect_before_the_first_token(in_loop: InLoop, db: sqlite3.Connection) -> None:
@@ -90,7 +89,7 @@ async def test_disconnect_before_the_first_token(in_loop: InLoop, db: sqlite3.Co
     key = await new_key(in_loop.http)
     for stream in (True, False):
         await call_then_disconnect(in_loop.app, key, {**CHAT, "stream": stream}, after_s=0.1)
-    await in_loop.services.writer.flush()
+    await in_loop.gateway.writer.flush()
     found = rows(db, "SELECT id, status, completion_tokens FROM requests")
     assert [(r["status"], r["completion_tokens"]) for r in found] == [("cancelled", 0)] * 2
     assert {r["id"] for r in found} <= set(in_loop.fake.closed_early)
@@ -107,7 +106,7 @@ async def test_non_stream_disconnect_mid_generation(in_loop: InLoop, db: sqlite3
         return any(n >= 5 for n in in_loop.fake.generated.values())
 
     await call_then_disconnect(in_loop.app, key, {**CHAT, "max_tokens": 100, "ignore_eos": True}, until=some_generated)
-    await in_loop.services.writer.flush()
+    await in_loop.gateway.writer.flush()
     (row,) = rows(db, "SELECT status, completion_tokens FROM requests")
     assert row["status"] == "cancelled" and 0 < row["completion_tokens"] < 100
 
@@ -147,7 +146,7 @@ async def test_drain_lets_requests_finish_and_refuses_new_ones(in_loop: InLoop, 
     body = {**CHAT, "max_tokens": 25, "ignore_eos": True, "stream": True}
     running = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
     await asyncio.sleep(0.1)
-    draining = asyncio.create_task(drain(in_loop.services, timeout=5))
+    draining = asyncio.create_task(in_loop.gateway.inflight.drain(timeout=5))
     await asyncio.sleep(0.05)
     assert_openai_error(await in_loop.http.get("/ready"), 503, "not_ready")
     late = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
@@ -167,7 +166,7 @@ async def test_drain_timeout_aborts_and_finalizes_the_rest(in_loop: InLoop, db: 
     )
     plain = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
     await asyncio.sleep(0.1)
-    await drain(in_loop.services, timeout=0.2)
+    await in_loop.gateway.inflight.drain(timeout=0.2)
     assert sse_events((await streamed).text)[-1]["error"]["code"] == "aborted"
     assert_openai_error(await plain, 503, "aborted")
     found = rows(db, "SELECT status, error, completion_tokens FROM requests")

@@ -90,7 +90,7 @@ async def test_metrics_content(client: Any) -> None:
 
 
 async def test_admin_credential_checks(in_loop: InLoop) -> None:
-    admin = in_loop.services.admin
+    admin = in_loop.gateway.admin
     assert await admin.configured()
     assert await admin.verify("admin", ADMIN_PASSWORD) and await admin.verify("admin", ADMIN_PASSWORD)
     assert not await admin.verify("admin", "wrong-password")
@@ -108,8 +108,18 @@ async def test_admin_stats_snapshot(client: Any) -> None:
     assert stats["kv_usage"] == 0.25 and stats["queue_wait_s"]["p95"] == 0.02
 
 
+def new_sampler(app: InLoop) -> Sampler:
+    g = app.gateway
+    return Sampler(g.client.stats, g.metrics, g.sessions)
+
+
+def new_jobs(app: InLoop) -> Jobs:
+    g = app.gateway
+    return Jobs(g.config, g.keys, g.history, new_sampler(app))
+
+
 async def test_sampler_stores_engine_samples(in_loop: InLoop, db: sqlite3.Connection) -> None:
-    sampler = Sampler(in_loop.services)
+    sampler = new_sampler(in_loop)
     await sampler.run()
     key = await new_key(in_loop.http)
     for _ in range(3):
@@ -128,20 +138,20 @@ async def test_sampler_stores_engine_samples(in_loop: InLoop, db: sqlite3.Connec
 async def test_retention_prunes_old_rows_and_samples(in_loop: InLoop, db: sqlite3.Connection) -> None:
     key = await new_key(in_loop.http)
     await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
-    await Sampler(in_loop.services).run()
+    await new_sampler(in_loop).run()
     old = (datetime.now(UTC) - timedelta(days=40)).replace(tzinfo=None)
     db.execute("UPDATE requests SET arrival_at = ?", (old,))
     db.execute("UPDATE engine_samples SET at = ?", ((datetime.now(UTC) - timedelta(days=8)).replace(tzinfo=None),))
     db.commit()
     await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
-    await Sampler(in_loop.services).run()
-    await Jobs(in_loop.services).prune()
+    await new_sampler(in_loop).run()
+    await new_jobs(in_loop).prune()
     assert len(rows(db, "SELECT id FROM requests")) == 1
     assert len(rows(db, "SELECT id FROM engine_samples")) == 1
 
 
 async def test_jobs_start_and_stop_with_the_app(in_loop: InLoop) -> None:
-    jobs = Jobs(in_loop.services)
+    jobs = new_jobs(in_loop)
     jobs.start()
     assert {job.id for job in jobs.scheduler.get_jobs()} == {"quota-rollover", "retention", "engine-sampler"}
     jobs.shutdown()

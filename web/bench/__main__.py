@@ -16,40 +16,34 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
-from engine import AsyncEngineClient, EngineConfig, SamplingParams
+from engine import AsyncEngineClient, EngineConfig, RequestOutput, SamplingParams
 from web.bench.load import MESSAGES, cpu_seconds
+from web.system.metrics import percentile
 
 T = TypeVar("T")
 
 
 class DeltaClock:
-    """Stamps every delta when the engine client dispatches it, before any consumer runs.
-
-    Measurement only: it wraps the client's per-message dispatch hook, which is not part of the engine's
-    public API; without that hook the benchmark still runs and reports no added latency."""
+    """Stamps every delta when the engine client receives it, before any consumer runs (the client's public
+    observe_outputs hook)."""
 
     def __init__(self, client: AsyncEngineClient) -> None:
         self.stamps: defaultdict[str, list[tuple[int, float]]] = defaultdict(list)  # id -> (text length, t)
         self._length: defaultdict[str, int] = defaultdict(int)
-        self.installed = hasattr(client, "_dispatch")
-        if self.installed:
-            inner = client._dispatch
+        client.observe_outputs(self.observe)
 
-            def dispatch(msg: Any, generation: int) -> None:
-                now = time.monotonic()
-                for out in getattr(msg, "outputs", None) or ():
-                    if out.text:
-                        self._length[out.request_id] += len(out.text)
-                        self.stamps[out.request_id].append((self._length[out.request_id], now))
-                inner(msg, generation)
-
-            client._dispatch = dispatch  # type: ignore[method-assign]
+    def observe(self, outputs: Sequence[RequestOutput]) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            if out.text:
+                self._length[out.request_id] += len(out.text)
+                self.stamps[out.request_id].append((self._length[out.request_id], now))
 
     def added_ms(self, rid: str, client_stamps: list[tuple[float, int]]) -> list[float]:
         """Per delta the client received (one token each unless merged): receipt minus engine dispatch."""
@@ -73,8 +67,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+    """The server's own nearest-rank percentile, NaN for no values (printed as such)."""
+    value = percentile(values, q)
+    return float("nan") if value is None else value
 
 
 async def engine_alone(args: argparse.Namespace) -> tuple[float, list[float]]:
@@ -106,7 +101,7 @@ async def engine_alone(args: argparse.Namespace) -> tuple[float, list[float]]:
 async def through_server(args: argparse.Namespace) -> dict[str, Any]:
     import uvicorn
 
-    from web.app import create_app
+    from web.app import app_of, build_gateway
     from web.config import WebConfig
     from web.db import sqlite_url
     from web.keys.service import KeyLimits
@@ -114,7 +109,8 @@ async def through_server(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         client = AsyncEngineClient(engine_config(args), auto_restart=False)
         clock = DeltaClock(client)
-        app = create_app(WebConfig(database_url=sqlite_url(Path(tmp) / "bench.db")), client)
+        gateway = build_gateway(WebConfig(database_url=sqlite_url(Path(tmp) / "bench.db")), client)
+        app = app_of(gateway)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -123,7 +119,7 @@ async def through_server(args: argparse.Namespace) -> dict[str, Any]:
         serving = asyncio.create_task(server.serve())
         while client.state != "ready" or client.model_info is None:
             await asyncio.sleep(0.1)
-        _, key = await app.state.services.keys.create("bench", KeyLimits())
+        _, key = await gateway.keys.create("bench", KeyLimits())
         cpu_before = cpu_seconds()
         load = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "web.bench.load", f"127.0.0.1:{port}", key, str(args.clients),

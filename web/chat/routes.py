@@ -6,15 +6,14 @@ from litestar import Router, get
 from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Template
 
+from web import deps
 from web.console.render import PAGE_HEADERS
-from web.state import services_of
 
 
-@get("/", include_in_schema=False)
-async def chat_page(request: HTMXRequest) -> Template:
-    services = services_of(request)
-    info = services.client.model_info
-    context = {"model": services.model_name or "", "max_model_len": info.max_model_len if info else 0}
+@get("/", include_in_schema=False, sync_to_thread=False)
+def chat_page(gate: deps.Gate) -> Template:
+    info = gate.client.model_info
+    context = {"model": gate.model_name or "", "max_model_len": info.max_model_len if info else 0}
     return Template(template_name="chat.html", context=context, headers={"Cache-Control": "no-cache"})
 
 

@@ -20,11 +20,11 @@ from litestar.response import Redirect
 from litestar.types import Guard
 from msgspec import Struct
 
+from web import deps
 from web.console.live import ThroughputMeter
 from web.console.render import PAGE_HEADERS, render
 from web.console.sessions import MAX_AGE_S, AdminSession, SessionStore, tokens_match
 from web.errors import AdminAuthRequired, RateLimited
-from web.state import services_of
 from web.system.admin_auth import client_address
 
 SESSION_COOKIE = "appliance_admin"
@@ -154,6 +154,7 @@ async def login_page(request: HTMXRequest, console: Console, next: FromQuery[str
 async def login(
     request: HTMXRequest,
     console: Console,
+    admin: deps.Admin,
     data: Annotated[LoginForm, Body(media_type=RequestEncodingType.URL_ENCODED)],
 ) -> Response[Any]:
     if not tokens_match(request.cookies.get(LOGIN_COOKIE, ""), data.csrf_token):
@@ -161,7 +162,7 @@ async def login(
             request, error="The login form expired. Please sign in again.", status_code=403, next_path=data.next
         )
     try:
-        await services_of(request).admin.sign_in(data.username, data.password, client_address(request))
+        await admin.sign_in(data.username, data.password, client_address(request))
     except RateLimited as exc:
         wait = int(exc.headers["Retry-After"])
         message = f"Too many failed sign-ins from your address. Try again in {wait} s."

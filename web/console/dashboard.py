@@ -10,13 +10,13 @@ from litestar import get
 from litestar.params import FromQuery
 from litestar.plugins.htmx import HTMXRequest, HTMXTemplate
 
+from web import deps
 from web.console.auth import Console, page_context
 from web.console.charts import Chart, line_chart
 from web.console.diagnosis import diagnose
 from web.console.live import engine_state, live_view
 from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render, wanted_partial
 from web.console.samples import WINDOWS, Bucket, Window, buckets
-from web.state import services_of
 
 PARTIALS = ("engine-state", "memory", "engine-counters", "diagnosis", "charts")
 
@@ -71,17 +71,23 @@ def build_charts(rows: list[Bucket], window: Window, kind: str, now: float) -> l
 
 
 @get("/")
-async def dashboard(request: HTMXRequest, console: Console, window: FromQuery[str] = "1h") -> HTMXTemplate:
-    services = services_of(request)
+async def dashboard(
+    request: HTMXRequest,
+    console: Console,
+    gate: deps.Gate,
+    inflight: deps.InFlight,
+    sessions: deps.Sessions,
+    window: FromQuery[str] = "1h",
+) -> HTMXTemplate:
     partial = wanted_partial(request, PARTIALS)
     chosen = WINDOWS.get(window, WINDOWS["1h"])
-    state = engine_state(services)
+    state = engine_state(gate)
     context = page_context(request, "dashboard", state=state, window=chosen, windows=list(WINDOWS.values()))
     if partial != "engine-state":
         owns_throughput = partial in (None, "engine-counters")
-        context["live"] = live_view(services, console.throughput if owns_throughput else None)
+        context["live"] = live_view(gate.client.stats(), len(inflight), console.throughput if owns_throughput else None)
     if partial in (None, "charts", "diagnosis"):
-        rows, kind = await buckets(services.sessions, chosen)
+        rows, kind = await buckets(sessions, chosen)
         live = context["live"]
         kind = kind or live.memory_kind
         context["charts"] = build_charts(rows, chosen, kind, time.time())

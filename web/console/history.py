@@ -17,6 +17,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Stream
 
+from web import deps
 from web.console.auth import page_context
 from web.console.render import render, wanted_partial
 from web.errors import InvalidRequest
@@ -25,7 +26,6 @@ from web.history.routes import RequestView, request_view
 from web.history.service import HistoryFilter
 from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import utcnow
-from web.state import services_of
 
 PAGE_SIZE = 50
 CSV_CHUNK = 500
@@ -85,17 +85,17 @@ def parse_filters(key: str, status: str, since: str, until: str) -> Filters:
 @get("/history")
 async def history_page(
     request: HTMXRequest,
+    history: deps.History,
+    keys: deps.Keys,
     key: FromQuery[str] = "",
     status: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
     offset: FromQuery[int] = 0,
 ) -> Response[Any]:
-    services = services_of(request)
     filters = parse_filters(key, status, since, until)
     offset = min(max(offset, 0), SQLITE_INT_MAX)  # beyond the last row either way: an empty page
-    rows, total = await services.history.list(filters.query, PAGE_SIZE, offset)
-    keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
+    rows, total = await history.list(filters.query, PAGE_SIZE, offset)
     pages = {
         "offset": offset,
         "total": total,
@@ -108,7 +108,7 @@ async def history_page(
         request,
         "history",
         rows=[request_view(r) for r in rows],
-        keys=keys,
+        keys=await keys.names(),
         statuses=STATUSES,
         filters=filters,
         pages=pages,
@@ -118,14 +118,12 @@ async def history_page(
 
 
 @get("/history/{request_id:str}")
-async def request_detail(request: HTMXRequest, request_id: FromPath[str]) -> Response[Any]:
-    services = services_of(request)
-    row = request_view(await services.history.get(request_id))
-    key_name = None
-    if row.key_id is not None:
-        keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
-        key_name = keys.get(row.key_id)
-    context = page_context(request, "history", row=row, key_name=key_name, store_text=services.config.store_text)
+async def request_detail(
+    request: HTMXRequest, history: deps.History, keys: deps.Keys, config: deps.Config, request_id: FromPath[str]
+) -> Response[Any]:
+    row = request_view(await history.get(request_id))
+    key_name = (await keys.names()).get(row.key_id) if row.key_id is not None else None
+    context = page_context(request, "history", row=row, key_name=key_name, store_text=config.store_text)
     return render("console/request.html", context)
 
 
@@ -144,13 +142,13 @@ CSV_COLUMNS = ("key_name", *RequestView.__struct_fields__)
 
 @get("/history.csv")
 async def history_csv(
-    request: HTMXRequest,
+    history: deps.History,
+    keys: deps.Keys,
     key: FromQuery[str] = "",
     status: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
 ) -> Stream:
-    services = services_of(request)
     filters = parse_filters(key, status, since, until)
     if filters.errors:  # an export of other rows than asked for would pass for the one asked for
         raise InvalidRequest("; ".join(filters.errors))
@@ -159,7 +157,7 @@ async def history_csv(
     query = filters.query
     until_at = min(query.until, now) if query.until is not None else now
     bounded = HistoryFilter(query.key_id, query.status, query.since, until_at)
-    keys = {info.id: info.name for info, _ in await services.keys.list_with_usage()}
+    names = await keys.names()
 
     async def lines() -> AsyncIterator[str]:
         buffer = io.StringIO()
@@ -167,10 +165,10 @@ async def history_csv(
         writer.writerow(CSV_COLUMNS)
         offset = 0
         while True:
-            rows, _ = await services.history.list(bounded, CSV_CHUNK, offset)
+            rows, _ = await history.list(bounded, CSV_CHUNK, offset)
             for row in rows:
                 view = request_view(row)
-                name = keys.get(view.key_id) if view.key_id is not None else None
+                name = names.get(view.key_id) if view.key_id is not None else None
                 writer.writerow([csv_cell(name), *(csv_cell(getattr(view, f)) for f in RequestView.__struct_fields__)])
             yield buffer.getvalue()
             buffer.seek(0)

@@ -12,13 +12,12 @@ from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Redirect
 from msgspec import Struct
 
+from web import deps
 from web.console.auth import page_context
 from web.console.render import fragment, render, wanted_partial
 from web.errors import AppError
-from web.keys.routes import key_view
 from web.keys.schemas import KeyView
 from web.keys.service import PERIODS, KeyLimits
-from web.state import Services, services_of
 
 Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
 
@@ -60,15 +59,6 @@ def limits_of(form: KeyForm) -> KeyLimits:
     return limits
 
 
-async def _views(services: Services) -> list[KeyView]:
-    return [key_view(services, key, usage) for key, usage in await services.keys.list_with_usage()]
-
-
-async def _view(services: Services, key_id: int) -> KeyView:
-    key, usage = await services.keys.get_with_usage(key_id)
-    return key_view(services, key, usage)
-
-
 def _is_htmx(request: HTMXRequest) -> bool:
     return bool(request.htmx)
 
@@ -91,63 +81,59 @@ def _page(
 
 
 @get("/keys")
-async def keys_page(request: HTMXRequest) -> Response[Any]:
-    services = services_of(request)
-    context = _page(request, await _views(services), KeyForm())
+async def keys_page(request: HTMXRequest, views: deps.Views) -> Response[Any]:
+    context = _page(request, await views.all(), KeyForm())
     return render("console/keys.html", context, partial=wanted_partial(request, ("keys-list",)))
 
 
 @post("/keys")
-async def create_key(request: HTMXRequest, data: Form) -> Response[Any]:
-    services = services_of(request)
+async def create_key(request: HTMXRequest, keys: deps.Keys, views: deps.Views, data: Form) -> Response[Any]:
     try:
-        info, secret = await services.keys.create(data.name, limits_of(data))
+        info, secret = await keys.create(data.name, limits_of(data))
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
-        context = _page(request, await _views(services), data, error=message)
+        context = _page(request, await views.all(), data, error=message)
         return render("console/keys.html", context, partial=_create_partial(request), status_code=422)
-    created = {"key": secret, "view": await _view(services, info.id)}
-    context = _page(request, await _views(services), KeyForm(), created=created, oob=_is_htmx(request))
+    created = {"key": secret, "view": await views.one(info.id)}
+    context = _page(request, await views.all(), KeyForm(), created=created, oob=_is_htmx(request))
     return render("console/keys.html", context, partial=_create_partial(request), status_code=201)
 
 
 @get("/keys/{key_id:int}")
-async def key_card(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
+async def key_card(request: HTMXRequest, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    context = page_context(request, "keys", key=await _view(services_of(request), key_id))
+    context = page_context(request, "keys", key=await views.one(key_id))
     return fragment("key-card", context)
 
 
 @get("/keys/{key_id:int}/edit")
-async def edit_key_form(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
+async def edit_key_form(request: HTMXRequest, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    context = page_context(
-        request, "keys", key=await _view(services_of(request), key_id), periods=PERIODS, error=None, form=None
-    )
+    context = page_context(request, "keys", key=await views.one(key_id), periods=PERIODS, error=None, form=None)
     return fragment("key-edit", context)
 
 
 @post("/keys/{key_id:int}")
-async def update_key(request: HTMXRequest, key_id: FromPath[int], data: Form) -> Response[Any]:
-    services = services_of(request)
+async def update_key(
+    request: HTMXRequest, keys: deps.Keys, views: deps.Views, key_id: FromPath[int], data: Form
+) -> Response[Any]:
     try:
-        await services.keys.update(key_id, data.name, limits_of(data))
+        await keys.update(key_id, data.name, limits_of(data))
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
-        view = await _view(services, key_id)
+        view = await views.one(key_id)
         context = page_context(request, "keys", key=view, periods=PERIODS, error=message, form=data)
         return fragment("key-edit", context, status_code=422)
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    return fragment("key-card", page_context(request, "keys", key=await _view(services, key_id)))
+    return fragment("key-card", page_context(request, "keys", key=await views.one(key_id)))
 
 
 @post("/keys/{key_id:int}/revoke")
-async def revoke_key(request: HTMXRequest, key_id: FromPath[int]) -> Response[Any]:
-    services = services_of(request)
-    await services.keys.revoke(key_id)
+async def revoke_key(request: HTMXRequest, keys: deps.Keys, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
+    await keys.revoke(key_id)
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    return fragment("key-card", page_context(request, "keys", key=await _view(services, key_id)))
+    return fragment("key-card", page_context(request, "keys", key=await views.one(key_id)))

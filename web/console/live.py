@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine import EngineStats
-from web.state import Services
+from web.generation.gate import EngineGate
 from web.system.metrics import percentile
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -44,18 +44,18 @@ class EngineState:
     model: str | None
 
 
-def engine_state(services: Services) -> EngineState:
-    ready, reason = services.readiness()
-    state = services.client.state
-    if services.draining or state == "stopping":
+def engine_state(gate: EngineGate) -> EngineState:
+    ready, reason = gate.readiness()
+    state = gate.client.state
+    if gate.draining or state == "stopping":
         label = "draining"
     elif ready:
         label = "ready"
-    elif state in ("loading", "stopped") and services.engine_start_error is None:
+    elif state in ("loading", "stopped") and gate.start_error is None:
         label = "loading"
     else:
         label = "down"
-    return EngineState(label, reason, services.model_name)
+    return EngineState(label, reason, gate.model_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,11 @@ class LiveView:
     in_flight: int
 
 
-def live_view(services: Services, meter: ThroughputMeter | None = None) -> LiveView:
+def live_view(stats: EngineStats | None, in_flight: int, meter: ThroughputMeter | None = None) -> LiveView:
     """`meter` is given by the one partial that owns throughput, so each poll counts once."""
-    s = services.client.stats()
+    s = stats
     if s is None:
-        return LiveView(None, "memory", [], None, None, None, None, None, None, None, len(services.live))
+        return LiveView(None, "memory", [], None, None, None, None, None, None, None, in_flight)
     return LiveView(
         stats=s,
         memory_kind=s.memory_kind,
@@ -128,5 +128,5 @@ def live_view(services: Services, meter: ThroughputMeter | None = None) -> LiveV
         ttft_p95=percentile(s.recent_ttft, 0.95),
         tokens_per_s=_tokens_per_s(s, meter),
         prefix_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None,
-        in_flight=len(services.live),
+        in_flight=in_flight,
     )

@@ -1,42 +1,59 @@
-"""One admitted request in flight: iterates the engine's deltas, keeps its history record current, and closes
-exactly once (finished, cancelled, failed or interrupted) settling the key's quota to the tokens charged."""
+"""One admitted request in flight: started on the engine at once, iterates its deltas, keeps its history record
+current, and closes exactly once (finished, cancelled, failed or interrupted) through the ledger, which settles
+the key's quota to the tokens charged."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
 
 from engine import EngineError, InvalidRequestError, QueueFullError, RequestOutput
 from web.errors import AppError, ServiceUnavailable, from_engine_error
+from web.generation.backend import EngineClient
+from web.generation.inflight import InFlight
+from web.generation.policy import Prepared
 from web.history.record import RequestLog
-
-if TYPE_CHECKING:
-    from web.state import Services
+from web.ledger import Ledger
+from web.system.metrics import Metrics
 
 logger = logging.getLogger("web.generation")
+
+
+class Generations:
+    """Starts admitted requests on the engine; each is a Generation, in flight until it closes."""
+
+    def __init__(
+        self, client: EngineClient, ledger: Ledger, inflight: InFlight, metrics: Metrics, store_text: bool = False
+    ) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.inflight = inflight
+        self.metrics = metrics
+        self.store_text = store_text
+
+    def start(self, log: RequestLog, prepared: Prepared) -> Generation:
+        """The engine queues the request now; its refusals (queue full, a dead engine) come with `first()`."""
+        stream = self.client.generate(
+            prepared.prompt_ids, prepared.params, request_id=log.id, arrival_time=log.arrival_mono
+        )
+        generation = Generation(self, log, stream)
+        self.inflight.add(generation)
+        return generation
 
 
 class Generation:
     """Iterate it for the deltas after `first()`; the final delta has finished=True."""
 
-    def __init__(
-        self,
-        services: Services,
-        log: RequestLog,
-        stream: AsyncIterator[RequestOutput],
-        on_close: Callable[[Generation], None],
-    ) -> None:
-        self.services = services
+    def __init__(self, owner: Generations, log: RequestLog, stream: AsyncIterator[RequestOutput]) -> None:
+        self._owner = owner
         self.log = log
         self._stream = stream
-        self._on_close = on_close
         self._closed = False
-        self._text: list[str] | None = [] if services.config.store_text else None
+        self._text: list[str] | None = [] if owner.store_text else None
         self._last_token_mono: float | None = None
-        self._observe_gap = services.metrics.inter_token_observer()
+        self._observe_gap = owner.metrics.inter_token_observer()
         self.abort_reason: str | None = None
         self.final: RequestOutput | None = None
 
@@ -51,7 +68,7 @@ class Generation:
     async def first(self) -> RequestOutput:
         """The first delta; engine refusals (queue full, context length, dead) become AppErrors here."""
         out = await self._next(first=True)
-        self.services.history.mark_running(self.log)
+        self._owner.ledger.mark_running(self.log)
         return out
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -71,7 +88,7 @@ class Generation:
             error = from_engine_error(exc)
             refused = first and isinstance(exc, QueueFullError | InvalidRequestError)
             if refused:
-                self.services.metrics.observe_rejected(error.code or error.type)
+                self._owner.metrics.observe_rejected(error.code or error.type)
             await self.close("rejected" if refused else "failed", error.message)
             raise error from None
         except StopAsyncIteration:
@@ -108,11 +125,10 @@ class Generation:
     async def abort(self, reason: str) -> None:
         """Ask the engine to stop this request; its consumer then sees a final delta with reason "abort"."""
         self.abort_reason = reason
-        await self.services.client.abort(self.request_id)
+        await self._owner.client.abort(self.request_id)
 
     async def close(self, status: str | None = None, error: str | None = None) -> None:
-        """Finalize once: stop the engine request if it still runs, then write the row and settle the quota (or,
-        while the database refuses writes, leave both queued to the history writer, which retries them).
+        """Finalize once: stop the engine request if it still runs, then settle it in the ledger.
 
         status None means "decide from how it ended": finished, or interrupted after a shutdown abort, or
         cancelled when the consumer went away before the end (client disconnect)."""
@@ -138,11 +154,8 @@ class Generation:
                 log.finished_mono = time.monotonic()
             if self._text is not None:
                 log.response_text = "".join(self._text)
-            self._on_close(self)
-            self.services.metrics.observe_request(log)
-            settled = self.services.history.finalize(log)
-            if not self.services.writer.refusing:  # else it is queued until the database takes it
-                await settled
+            self._owner.inflight.discard(self.request_id)
+            await self._owner.ledger.settle(log)
 
     def error_for_abort(self) -> AppError:
         return ServiceUnavailable(

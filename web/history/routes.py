@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
-from litestar import Request, Router, get
+from litestar import Router, get
 from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.types import Guard
 from msgspec import Struct
 
+from web import deps
 from web.errors import InvalidRequest
 from web.history.record import STATUSES
 from web.history.service import HistoryFilter
 from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import RequestRecord
-from web.state import services_of
-from web.system.admin_auth import admin_guard
 
-AnyRequest = Request[Any, Any, Any]
 MAX_PAGE = 500
 
 
@@ -83,7 +82,7 @@ def utc_time(raw: str | None, name: str) -> datetime | None:
 
 @get("/")
 async def list_requests(
-    request: AnyRequest,
+    history: deps.History,
     key_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
     status: FromQuery[str | None] = None,
     since: FromQuery[str | None] = None,
@@ -94,13 +93,14 @@ async def list_requests(
     if status is not None and status not in STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
     filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"))
-    rows, total = await services_of(request).history.list(filters, limit, offset)
+    rows, total = await history.list(filters, limit, offset)
     return RequestPage([request_view(r) for r in rows], total, limit, offset)
 
 
 @get("/{request_id:str}")
-async def get_request(request: AnyRequest, request_id: FromPath[str]) -> RequestView:
-    return request_view(await services_of(request).history.get(request_id))
+async def get_request(history: deps.History, request_id: FromPath[str]) -> RequestView:
+    return request_view(await history.get(request_id))
 
 
-history_router = Router(path="/admin/api/requests", route_handlers=[list_requests, get_request], guards=[admin_guard])
+def history_router(admin_guard: Guard) -> Router:
+    return Router(path="/admin/api/requests", route_handlers=[list_requests, get_request], guards=[admin_guard])

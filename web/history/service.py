@@ -1,19 +1,15 @@
-"""The request history: rows written at admission, moved to running, finalized with quota settlement, queried
-by the admin API, recovered after a crash and pruned after the retention period."""
+"""The request history as the admin reads it (filtered lists, one request), and its pruning after the retention
+period. Rows are written by the ledger (web/ledger.py), which keeps them together with the quota."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import NotFound
-from web.history.record import FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
-from web.history.writer import BatchWriter
-from web.keys import quota
 from web.models import EngineSample, RequestRecord, utcnow
 
 
@@ -26,63 +22,10 @@ class HistoryFilter:
 
 
 class HistoryService:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], writer: BatchWriter) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
-        self.writer = writer
 
-    # -- writes on the request path --------------------------------------------------------------------
-
-    def mark_running(self, log: RequestLog) -> None:
-        params = {
-            "rid": log.id,
-            "admitted": log.wall(log.scheduled_mono),
-            "first": log.wall(log.first_token_mono),
-        }
-
-        async def write(conn: AsyncConnection) -> None:
-            await conn.execute(MARK_RUNNING, params)
-
-        self.writer.submit(write)
-
-    def finalize(self, log: RequestLog) -> asyncio.Future[bool]:
-        """Write the terminal row and replace the key's reservation by the tokens charged, in one transaction
-        (retried until the database takes it; the future says whether it did at the first try)."""
-        values, key_id = log.final_values(), log.key_id
-        reserved, charged = log.reserved_tokens, log.charged_tokens
-
-        async def write(conn: AsyncConnection) -> None:
-            await conn.execute(FINALIZE_REQUEST, values)
-            if key_id is not None:
-                await quota.settle(conn, key_id, reserved, charged)
-
-        return self.writer.submit(write)
-
-    def record_rejected(self, log: RequestLog) -> asyncio.Future[bool]:
-        """A request refused before admission (bad input, overload, quota) still gets its row."""
-        log.status = "rejected"
-        values = log.queued_values(finished_at=utcnow())
-
-        async def write(conn: AsyncConnection) -> None:
-            await conn.execute(INSERT_REQUEST, values)
-
-        return self.writer.submit(write)
-
-    # -- start-up and jobs -----------------------------------------------------------------------------
-
-    async def mark_interrupted(self) -> int:
-        """Rows a crash left queued or running can never finish: mark them interrupted."""
-        async with self.sessions.begin() as session:
-            result = await session.execute(
-                update(RequestRecord)
-                .where(RequestRecord.status.in_(("queued", "running")))
-                .values(
-                    status="interrupted",
-                    reserved_tokens=0,
-                    finished_at=utcnow(),
-                    error="the server stopped while the request was in flight",
-                )
-            )
-        return int(result.rowcount)  # type: ignore[attr-defined]
+    # -- jobs ------------------------------------------------------------------------------------------
 
     async def prune(self, retention_days: int, sample_retention_days: int) -> tuple[int, int]:
         now = utcnow()

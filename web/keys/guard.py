@@ -7,10 +7,11 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
+from litestar.types import Guard
 
 from web.errors import AuthenticationFailed
+from web.keys.service import KeyService
 from web.models import utcnow
-from web.state import services_of
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -22,8 +23,11 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
-async def api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+def api_key_guard(keys: KeyService) -> Guard:
     """Authenticate, and note when the request arrived (wall clock and monotonic) for its history row."""
-    connection.state.arrival = (utcnow(), time.monotonic())
-    services = services_of(connection)
-    connection.state.api_key = await services.keys.authenticate(bearer_token(connection.headers.get("authorization")))
+
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        connection.state.arrival = (utcnow(), time.monotonic())
+        connection.state.api_key = await keys.authenticate(bearer_token(connection.headers.get("authorization")))
+
+    return guard

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from web.errors import RateLimited
+from web.errors import RETRY_AFTER_SECONDS, RateLimited
 
 
 class ConcurrencyLimiter:
@@ -15,7 +15,8 @@ class ConcurrencyLimiter:
         """Count one more request of this key, or raise 429 when it already has `cap` in flight."""
         if cap is not None and self._in_flight[key_id] >= cap:
             raise RateLimited(
-                f"this API key allows at most {cap} concurrent request(s); wait for one to finish and retry"
+                f"this API key allows at most {cap} concurrent request(s); wait for one to finish and retry",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},  # requests end in seconds: a short wait helps
             )
         self._in_flight[key_id] += 1
 

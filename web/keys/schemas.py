@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from web.keys.service import SQLITE_INT_MAX, Period
+
+# A key's limits, declared once: msgspec enforces them on the admin API's bodies and the OpenAPI document is
+# generated from them; KeyLimits.check applies the same bounds to the console's forms and the CLI.
+Limit = Annotated[int, Meta(ge=1, le=SQLITE_INT_MAX, description="null for no limit")]
+KeyName = Annotated[str, Meta(min_length=1, pattern=r"\S")]  # one of only spaces is blank
 
 
 class KeyCreate(Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
-    max_tokens_per_request: int | None = None
-    quota_tokens: int | None = None
-    quota_period: str = "none"
-    max_concurrent: int | None = None
+    name: KeyName
+    max_tokens_per_request: Limit | None = None
+    quota_tokens: Limit | None = None
+    quota_period: Period = "none"
+    max_concurrent: Limit | None = None
 
 
 class KeyUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields left out keep their value; null clears a limit."""
 
-    name: str | UnsetType = UNSET
-    max_tokens_per_request: int | UnsetType | None = UNSET
-    quota_tokens: int | UnsetType | None = UNSET
-    quota_period: str | UnsetType = UNSET
-    max_concurrent: int | UnsetType | None = UNSET
+    name: KeyName | UnsetType = UNSET
+    max_tokens_per_request: Limit | UnsetType | None = UNSET
+    quota_tokens: Limit | UnsetType | None = UNSET
+    quota_period: Period | UnsetType = UNSET
+    max_concurrent: Limit | UnsetType | None = UNSET
 
 
 class UsageView(Struct):

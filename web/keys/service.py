@@ -8,21 +8,32 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
-from sqlalchemy import Row, bindparam, delete, select, update
+from sqlalchemy import Row, Table, bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound
-from web.keys.quota import ROLL
-from web.models import ApiKey, KeyUsage, utcnow
+from web.models import ApiKey, KeyUsage, UTCDateTime, utcnow
 
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
-PERIODS = ("day", "week", "month", "none")
+Period = Literal["day", "week", "month", "none"]
+PERIODS: tuple[str, ...] = get_args(Period)
 # SQLite's INTEGER is 64-bit: no id beyond this range can exist, and no limit beyond it can be stored.
 SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 _BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
+_usage = cast(Table, KeyUsage.__table__)
+# The period rollover job: every key of a period kind whose period has ended starts afresh (reservations stay:
+# they belong to requests in flight, which the ledger settles).
+ROLL = (
+    update(_usage)
+    .where(
+        _usage.c.key_id.in_(select(ApiKey.id).where(ApiKey.quota_period == bindparam("period"))),
+        _usage.c.period_start < bindparam("start", type_=UTCDateTime()),
+    )
+    .values(used_tokens=0, period_start=bindparam("start", type_=UTCDateTime()))
+)
 
 
 def generate_key() -> str:
@@ -196,6 +207,10 @@ class KeyService:
             )
             return [(KeyInfo.of(key), usage) for key, usage in rows]
 
+    async def names(self) -> dict[int, str]:
+        async with self.sessions() as session:
+            return {row.id: row.name for row in await session.execute(select(ApiKey.id, ApiKey.name))}
+
     async def get_with_usage(self, key_id: int) -> tuple[KeyInfo, KeyUsage | None]:
         async with self.sessions() as session:
             row = await self._get(session, key_id)
@@ -229,8 +244,3 @@ class KeyService:
                 result = await session.execute(ROLL, {"period": period, "start": period_start(period, now, now)})
                 count += result.rowcount  # type: ignore[attr-defined]
         return count
-
-    async def release_all_reservations(self) -> None:
-        """At start-up nothing is in flight: reservations left by a crash are released."""
-        async with self.sessions.begin() as session:
-            await session.execute(update(KeyUsage).where(KeyUsage.reserved_tokens != 0).values(reserved_tokens=0))

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from litestar import Request, Response, Router, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
+from litestar.types import Guard
 
+from web import deps
 from web.errors import InvalidRequest, PayloadTooLarge
-from web.generation.admission import Prepared, admit
 from web.generation.disconnect import ClientDisconnected
-from web.generation.run import Generation
+from web.generation.gate import EngineGate
+from web.generation.policy import Prepared
+from web.generation.run import Generation, Generations
 from web.history.record import RequestLog
-from web.keys.guard import api_key_guard
+from web.keys.service import KeyInfo
+from web.ledger import Ledger
 from web.openai import formatting as fmt
 from web.openai import service
 from web.openai.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -29,7 +34,6 @@ from web.openai.streaming import (
     start_stream,
     usage_of,
 )
-from web.state import Services, services_of
 
 AnyRequest = Request[Any, Any, Any]
 
@@ -59,37 +63,48 @@ async def _read_body(request: AnyRequest) -> bytes:
 
 
 Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
-Frames = ChatFrames | CompletionFrames
+Prepare = Callable[[Body, KeyInfo], Awaitable[Prepared]]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint(Generic[Body]):
+    """What differs between the two completion endpoints: their body, their frames, their final JSON."""
+
+    name: str
+    id_prefix: str
+    decode: Callable[[bytes], Body]
+    frames: Callable[[Generation, str, str, bool], ChatFrames | CompletionFrames]
+    render: Callable[[RequestLog, Collected, Generation], object]
 
 
 async def _serve(
     request: AnyRequest,
-    endpoint: str,
-    id_prefix: str,
-    decode_body: Callable[[bytes], Body],
-    prepare: Callable[[Body], Awaitable[Prepared]],
-    frames: Callable[[Generation, str, str, bool], Frames],
-    render: Callable[[RequestLog, Collected, Generation], object],
+    endpoint: Endpoint[Body],
+    prepare: Prepare[Body],
+    gate: EngineGate,
+    ledger: Ledger,
+    generations: Generations,
 ) -> Response[Any]:
-    """The path both endpoints share: decode and admit (history row, quota), then stream or collect."""
-    services = services_of(request)
-    log = _new_log(request, endpoint, id_prefix)
-
-    async def decode() -> Body:
-        body = decode_body(await _read_body(request))
+    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) -> started on the
+    engine -> streamed or collected; the Generation settles the ledger when it closes."""
+    key: KeyInfo = request.state.api_key
+    log = _new_log(request, endpoint.name, endpoint.id_prefix)
+    async with ledger.refusals(log):
+        body = endpoint.decode(await _read_body(request))
         log.model, log.stream, log.user = body.model, body.stream, body.user
-        return body
-
-    body, generation = await admit(services, request.state.api_key, log, decode, prepare)
+        gate.check()
+        prepared = await prepare(body, key)
+        admitted = await ledger.admit(log, key, prepared)
+    generation = generations.start(log, admitted)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        streamed = frames(generation, log.id, log.model, include_usage)
+        streamed = endpoint.frames(generation, log.id, log.model, include_usage)
         return await start_stream(request, generation, streamed.frames, streamed.closing)
     try:
         done = await collect(request, generation)
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
-    return Response(fmt.encoder.encode(render(log, done, generation)), media_type="application/json")
+    return Response(fmt.encoder.encode(endpoint.render(log, done, generation)), media_type="application/json")
 
 
 def _chat_body(log: RequestLog, done: Collected, generation: Generation) -> object:
@@ -103,46 +118,50 @@ def _completion_body(log: RequestLog, done: Collected, generation: Generation) -
     return fmt.completion(log.id, created_now(), log.model, done.text, logprobs, reason, usage_of(generation))
 
 
+CHAT = Endpoint("chat.completions", "chatcmpl-", service.decode_chat, ChatFrames, _chat_body)
+COMPLETIONS = Endpoint("completions", "cmpl-", service.decode_completion, CompletionFrames, _completion_body)
+
+
 @post("/chat/completions", status_code=200)
-async def chat_completions(request: AnyRequest) -> Response[Any]:
-    prepare = service.prepare_chat(services_of(request))
-    return await _serve(request, "chat.completions", "chatcmpl-", service.decode_chat, prepare, ChatFrames, _chat_body)
+async def chat_completions(
+    request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
+) -> Response[Any]:
+    return await _serve(request, CHAT, prompts.chat, gate, ledger, generations)
 
 
 @post("/completions", status_code=200)
-async def completions(request: AnyRequest) -> Response[Any]:
-    prepare = service.prepare_completion(services_of(request))
-    return await _serve(
-        request, "completions", "cmpl-", service.decode_completion, prepare, CompletionFrames, _completion_body
-    )
+async def completions(
+    request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
+) -> Response[Any]:
+    return await _serve(request, COMPLETIONS, prompts.completion, gate, ledger, generations)
 
 
-def _model_card(services: Services) -> ModelCard:
-    info = services.client.model_info
+def _model_card(gate: deps.Gate) -> ModelCard:
+    info = gate.client.model_info
     return ModelCard(
-        id=services.model_name or "",
-        created=services.started_at,
+        id=gate.model_name or "",
+        created=gate.started_at,
         owned_by="appliance",
         max_model_len=info.max_model_len if info is not None else None,
     )
 
 
 @get("/models")
-async def list_models(request: AnyRequest) -> Response[Any]:
-    services = services_of(request)
-    data = [_model_card(services)] if services.model_name else []
+async def list_models(gate: deps.Gate) -> Response[Any]:
+    data = [_model_card(gate)] if gate.model_name else []
     return Response(fmt.encoder.encode(ModelList(data)), media_type="application/json")
 
 
 @get("/models/{model_id:path}")
-async def retrieve_model(request: AnyRequest, model_id: FromPath[str]) -> Response[Any]:
-    services = services_of(request)
-    service.check_model(services, model_id.lstrip("/"))
-    return Response(fmt.encoder.encode(_model_card(services)), media_type="application/json")
+async def retrieve_model(gate: deps.Gate, model_id: FromPath[str]) -> Response[Any]:
+    service.check_model(gate, model_id.lstrip("/"))
+    return Response(fmt.encoder.encode(_model_card(gate)), media_type="application/json")
 
 
-openai_router = Router(
-    path="/v1",
-    route_handlers=[chat_completions, completions, list_models, retrieve_model],
-    guards=[api_key_guard],
-)
+def openai_router(authenticate: Guard) -> Router:
+    """The /v1 API behind `authenticate` (the API-key guard)."""
+    return Router(
+        path="/v1",
+        route_handlers=[chat_completions, completions, list_models, retrieve_model],
+        guards=[authenticate],
+    )

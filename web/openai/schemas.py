@@ -3,69 +3,120 @@ as OpenAI returns them. Unknown request fields are ignored, as OpenAI's own API 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
+from engine import MAX_LOGPROBS
+
+# Every limit of a request body is declared here, once: msgspec enforces it while decoding, and the OpenAPI
+# document (web/system/openapi.py) is generated from these declarations. A field marked UNSUPPORTED names a
+# feature this server lacks: a value beyond its declared one is refused as unsupported_parameter.
+UNSUPPORTED: dict[str, Any] = {"unsupported": True}
+
 # model and user are kept in every history row: a longer one is refused, not stored.
 Name = Annotated[str, Meta(max_length=256)]
+MaxTokens = Annotated[int, Meta(ge=1)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+NoPenalty = Annotated[float, Meta(ge=0, le=0, extra=UNSUPPORTED, description="only 0: penalties are not supported")]
+NoTools = Annotated[list[Any], Meta(max_length=0, extra=UNSUPPORTED, description="tools are not supported")]
+
+# Chat roles as the chat template takes them: developer is OpenAI's newer name for system. tool and function
+# messages are unsupported (no tool calling); the rest are not roles at all.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+UNSUPPORTED_ROLES = ("tool", "function")
 
 
 class ContentPart(Struct, kw_only=True):
-    type: str
-    text: str | None = None
+    type: Annotated[Literal["text"], Meta(extra=UNSUPPORTED, description="only text parts")]
+    text: str
+
+
+Content = str | list[ContentPart]
 
 
 class ChatMessage(Struct, kw_only=True):
-    role: str
-    content: str | list[ContentPart] | None = None
+    role: str  # one of ROLES: checked by web/openai/service.py, which tells unsupported roles from unknown ones
+    content: Content | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: Annotated[list[Any], Meta(max_length=0, extra=UNSUPPORTED)] | None = None
+
+
+Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
 
 
 class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
+class TextFormat(Struct, kw_only=True):
+    type: Literal["text"] = "text"
+
+
 class _SamplingFields(Struct, kw_only=True):
     """Fields the two endpoints share."""
 
     model: Name
-    max_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: Annotated[int, Meta(ge=1, le=1, description="one choice per request")] | None = None
     user: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: NoPenalty | None = None
+    frequency_penalty: NoPenalty | None = None
+    logit_bias: Annotated[dict[str, float], Meta(max_length=0, extra=UNSUPPORTED)] | None = None
     ignore_eos: bool = False  # vLLM's extension: benchmarks need every request to run to max_tokens
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    messages: Messages
+    # OpenAI's newer name for max_tokens: one parameter, so its refusals name max_tokens.
+    max_completion_tokens: Annotated[MaxTokens, Meta(extra={"reported_as": "max_tokens"})] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: Annotated[TopLogprobs, Meta(description="needs logprobs: true")] | None = None
+    tools: NoTools | None = None
+    tool_choice: Annotated[Literal["none"], Meta(extra=UNSUPPORTED)] | None = None
+    functions: NoTools | None = None
+    response_format: Annotated[TextFormat, Meta(extra=UNSUPPORTED)] | None = None
+
+
+def message_schema(generated: dict[str, Any]) -> dict[str, Any]:
+    """A chat message's document from msgspec's (ROLES is checked by web/openai/service.py): msgspec cannot say
+    that every role but the assistant's needs content."""
+    props = generated["properties"]
+    content = {"anyOf": [t for t in props["content"]["anyOf"] if t != {"type": "null"}]}
+    speakers = {"enum": [r for r in ROLES if r != "assistant"]}
+    speaker = {
+        **generated,
+        "required": ["role", "content"],
+        "properties": {**props, "role": speakers, "content": content},
+    }
+    assistant = {**generated, "required": ["role"], "properties": {**props, "role": {"const": "assistant"}}}
+    return {"anyOf": [speaker, assistant]}
+
+
+def prompt_schema(vocab: int | None) -> dict[str, Any]:
+    """A completion's prompt: a string, token ids (below the vocabulary size, where known), or a batch of one of
+    those (a batch of more is refused as such). msgspec cannot type it: it takes no union of two list types."""
+    token = {"type": "integer", "minimum": 0} | ({"maximum": vocab - 1} if vocab else {})
+    text = {"type": "string", "minLength": 1}
+    tokens = {"type": "array", "minItems": 1, "items": token}
+    one = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, tokens]}}
+    return {"anyOf": [text, tokens, one]}
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    # A string, token ids, or a batch of either; the batch forms are accepted only with one element.
-    prompt: str | list[Any]
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: str | list[Any]  # its document: prompt_schema
+    logprobs: TopLogprobs | None = None
+    echo: Annotated[Literal[False], Meta(extra=UNSUPPORTED)] = False
+    suffix: Annotated[Literal[""], Meta(extra=UNSUPPORTED)] | None = None
+    best_of: Annotated[int, Meta(ge=1, le=1)] | None = None
 
 
 # -- responses ----------------------------------------------------------------------------------------------

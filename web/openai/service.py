@@ -1,59 +1,100 @@
 """OpenAI request bodies into engine terms: decode and validate, apply the chat template or read the prompt,
-and collect the sampling fields. Every refusal is an InvalidRequest naming the offending parameter."""
+collect the sampling fields and apply the key's policy, giving one Prepared value. Every refusal is an
+InvalidRequest naming the offending parameter."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 
+from engine import SamplingParams
 from web.errors import InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
-from web.generation.admission import Prepared
-from web.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
-from web.state import Services
+from web.generation.backend import EngineClient
+from web.generation.gate import EngineGate
+from web.generation.policy import Prepared, effective_max_tokens
+from web.keys.service import KeyInfo
+from web.openai.schemas import (
+    ROLES,
+    UNSUPPORTED_ROLES,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    _SamplingFields,
+)
 
 T = TypeVar("T")
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_LOGPROBS = 20
 THREAD_CHARS = 16_384  # tokenizing more text than this moves off the event loop
 SHOWN_CHARS = 64
 _PATH = re.compile(r"at `\$\.?(.*)`$")
-
-_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
-_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_INDEX = re.compile(r"\[\d+\]")
 
 
-def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
-    if not body.strip():
-        raise InvalidRequest("the request body is empty; send a JSON object")
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = _PATH.search(text)
-        param = match.group(1) if match and match.group(1) else None
-        raise InvalidRequest(f"invalid request body: {text}", param=param) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    except (RecursionError, UnicodeDecodeError) as exc:
-        raise undecodable_body(exc) from None
+def field_marks(t: mi.Type, key: str, path: str = "") -> dict[str, Any]:
+    """The dotted paths (no list indexes) of the fields whose Meta(extra=...) has `key`, with its value."""
+    if isinstance(t, mi.Metadata):
+        extra = t.extra or {}
+        return ({path: extra[key]} if key in extra else {}) | field_marks(t.type, key, path)
+    if isinstance(t, mi.UnionType):
+        return {k: v for u in t.types for k, v in field_marks(u, key, path).items()}
+    if isinstance(t, mi.ListType):
+        return field_marks(t.item_type, key, path)
+    if isinstance(t, mi.StructType):
+        return {k: v for f in t.fields for k, v in field_marks(f.type, key, f"{path}.{f.name}".lstrip(".")).items()}
+    return {}
 
 
-def decode_chat(body: bytes) -> ChatCompletionRequest:
-    return decode_body(body, _chat_decoder)
+class BodyDecoder(Generic[T]):
+    """One body type's decoder: msgspec enforces its declared limits; a value beyond what a field marked
+    UNSUPPORTED allows is unsupported_parameter, any other refusal invalid_request_error, both naming the field."""
+
+    def __init__(self, body_type: type[T]) -> None:
+        self._decoder = msgspec.json.Decoder(body_type)
+        info = mi.type_info(body_type)
+        self._unsupported = set(field_marks(info, "unsupported"))
+        self._reported_as: dict[str, str] = field_marks(info, "reported_as")
+
+    def __call__(self, body: bytes) -> T:
+        if not body.strip():
+            raise InvalidRequest("the request body is empty; send a JSON object")
+        try:
+            return self._decoder.decode(body)
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            match = _PATH.search(text)
+            param = match.group(1) if match and match.group(1) else None
+            unsupported = self._unsupported_field(param) if param is not None else None
+            if unsupported is not None:
+                message = f"{unsupported} is not supported by this server: {text}"
+                raise UnsupportedParameter(message, param=unsupported) from None
+            param = self._reported_as.get(param, param) if param is not None else None
+            raise InvalidRequest(f"invalid request body: {text}", param=param) from None
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        except (RecursionError, UnicodeDecodeError) as exc:
+            raise undecodable_body(exc) from None
+
+    def _unsupported_field(self, param: str) -> str | None:
+        """The field marked UNSUPPORTED on the way to `param` (as the body spells it, indexes kept), if any."""
+        parts = param.split(".")
+        for n in range(1, len(parts) + 1):
+            if _INDEX.sub("", ".".join(parts[:n])) in self._unsupported:
+                return ".".join(parts[:n])
+        return None
 
 
-def decode_completion(body: bytes) -> CompletionRequest:
-    return decode_body(body, _completion_decoder)
+decode_chat = BodyDecoder(ChatCompletionRequest)
+decode_completion = BodyDecoder(CompletionRequest)
 
 
-def check_model(services: Services, model: str) -> None:
-    if model != services.model_name:
+def check_model(gate: EngineGate, model: str) -> None:
+    if model != gate.model_name:
         raise ModelNotFound(
-            f"the model {shown(model)} does not exist; this server serves '{services.model_name}'", param="model"
+            f"the model {shown(model)} does not exist; this server serves '{gate.model_name}'", param="model"
         )
 
 
@@ -63,15 +104,7 @@ def shown(value: str, limit: int = SHOWN_CHARS) -> str:
 
 
 def sampling_fields(body: _SamplingFields) -> dict[str, Any]:
-    """The fields both endpoints share, checked for what this server supports."""
-    if body.n is not None and body.n != 1:
-        raise InvalidRequest(f"n must be 1: this server returns one choice per request, not {body.n}", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0):
-            raise UnsupportedParameter(f"{name} is not supported (only 0 is accepted)", param=name)
-    if body.logit_bias:
-        raise UnsupportedParameter("logit_bias is not supported", param="logit_bias")
+    """The fields both endpoints share, in the engine's terms (their limits are the schema's and the engine's)."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     top_k = body.top_k if body.top_k is not None else 0
     fields: dict[str, Any] = {
@@ -87,13 +120,11 @@ def sampling_fields(body: _SamplingFields) -> dict[str, Any]:
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """Messages as the chat template takes them: supported roles, text content only."""
-    if not messages:
-        raise InvalidRequest("messages must contain at least one message", param="messages")
     out = []
     for i, m in enumerate(messages):
         role = ROLES.get(m.role)
         if role is None:
-            if m.role in ("tool", "function"):
+            if m.role in UNSUPPORTED_ROLES:
                 raise UnsupportedParameter(
                     f"role {shown(m.role)} is not supported: this server has no tool calling",
                     param=f"messages[{i}].role",
@@ -101,8 +132,6 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             raise InvalidRequest(
                 f"role {shown(m.role)} is not one of system, user, assistant", param=f"messages[{i}].role"
             )
-        if m.tool_calls:
-            raise UnsupportedParameter("tool_calls are not supported", param=f"messages[{i}].tool_calls")
         out.append({"role": role, "content": _text_content(m, i)})
     return out
 
@@ -114,65 +143,37 @@ def _text_content(m: ChatMessage, i: int) -> str:
         if m.role == "assistant":
             return ""
         raise InvalidRequest(f"a {m.role} message needs content", param=f"messages[{i}].content")
-    texts = []
-    for j, part in enumerate(m.content):
-        if part.type != "text" or part.text is None:
-            raise UnsupportedParameter(
-                f"content part type {shown(part.type)} is not supported; only text parts are",
-                param=f"messages[{i}].content[{j}]",
-            )
-        texts.append(part.text)
-    return "".join(texts)
+    return "".join(part.text for part in m.content)
 
 
-def prepare_chat(services: Services) -> Callable[[ChatCompletionRequest], Awaitable[Prepared]]:
-    async def prepare(body: ChatCompletionRequest) -> Prepared:
-        check_model(services, body.model)
-        if body.tools or body.functions:
-            raise UnsupportedParameter("tools are not supported by this server", param="tools")
-        if body.tool_choice not in (None, "none"):
-            raise UnsupportedParameter("tool_choice is not supported by this server", param="tool_choice")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise UnsupportedParameter("only the text response_format is supported", param="response_format")
+class Prompts:
+    """Turns decoded bodies into Prepared values for this server's model and the caller's key."""
+
+    def __init__(self, gate: EngineGate, client: EngineClient, default_max_tokens: int, store_text: bool) -> None:
+        self.gate = gate
+        self.client = client
+        self.default_max_tokens = default_max_tokens
+        self.store_text = store_text
+
+    async def chat(self, body: ChatCompletionRequest, key: KeyInfo) -> Prepared:
+        check_model(self.gate, body.model)
         fields = sampling_fields(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
-            raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         messages = chat_messages(body.messages)
         size = sum(len(m["content"]) for m in messages)
-        ids = await _maybe_in_thread(size, _apply_template, services.client.tokenizer, messages)
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        text = msgspec.json.encode(messages).decode() if services.config.store_text else None
-        return Prepared(ids, max_tokens, fields, text)
+        ids = await _maybe_in_thread(size, _apply_template, self.client.tokenizer, messages)
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        text = msgspec.json.encode(messages).decode() if self.store_text else None
+        return self._prepared(ids, requested, fields, key, text, "messages")
 
-    return prepare
-
-
-def _apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    except Exception as exc:  # the template is model data: any failure there is a refusal of the messages
-        raise InvalidRequest(f"the model's chat template rejected the messages: {exc}", param="messages") from None
-    return list(ids)
-
-
-def prepare_completion(services: Services) -> Callable[[CompletionRequest], Awaitable[Prepared]]:
-    async def prepare(body: CompletionRequest) -> Prepared:
-        check_model(services, body.model)
-        if body.echo:
-            raise UnsupportedParameter("echo is not supported", param="echo")
-        if body.suffix:
-            raise UnsupportedParameter("suffix is not supported", param="suffix")
-        if body.best_of not in (None, 1):
-            raise InvalidRequest("best_of must be 1", param="best_of")
+    async def completion(self, body: CompletionRequest, key: KeyInfo) -> Prepared:
+        check_model(self.gate, body.model)
         fields = sampling_fields(body)
-        if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequest(f"logprobs must be between 0 and {MAX_LOGPROBS}", param="logprobs")
         fields["logprobs"] = body.logprobs
         prompt = _single_prompt(body.prompt)
-        tokenizer = services.client.tokenizer
+        tokenizer = self.client.tokenizer
         if isinstance(prompt, str):
             ids = await _maybe_in_thread(len(prompt), _encode, tokenizer, prompt)
         else:
@@ -183,10 +184,31 @@ def prepare_completion(services: Services) -> Callable[[CompletionRequest], Awai
                 raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        text = (prompt if isinstance(prompt, str) else str(prompt)) if services.config.store_text else None
-        return Prepared(ids, body.max_tokens, fields, text)
+        text = (prompt if isinstance(prompt, str) else str(prompt)) if self.store_text else None
+        return self._prepared(ids, body.max_tokens, fields, key, text, "prompt")
 
-    return prepare
+    def _prepared(
+        self,
+        ids: list[int],
+        requested: int | None,
+        fields: dict[str, Any],
+        key: KeyInfo,
+        text: str | None,
+        prompt_field: str,
+    ) -> Prepared:
+        info = self.client.model_info
+        assert info is not None  # the gate let the request in: a model is loaded
+        max_tokens = effective_max_tokens(requested, key, self.default_max_tokens, len(ids), info, prompt_field)
+        # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission.
+        return Prepared(ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text)
+
+
+def _apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    except Exception as exc:  # the template is model data: any failure there is a refusal of the messages
+        raise InvalidRequest(f"the model's chat template rejected the messages: {exc}", param="messages") from None
+    return list(ids)
 
 
 def _encode(tokenizer: Any, prompt: str) -> list[int]:

@@ -18,12 +18,12 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
 from litestar.status_codes import HTTP_415_UNSUPPORTED_MEDIA_TYPE
+from litestar.types import Guard
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import AdminAuthRequired, InvalidRequest, RateLimited
 from web.models import AdminCredential, utcnow
-from web.state import services_of
 from web.system.login_limiter import LoginLimiter
 
 ADMIN_USER = "admin"
@@ -210,12 +210,20 @@ def refuse_cross_site(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
         )
 
 
-async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    refuse_cross_site(connection)
-    admin = services_of(connection).admin
-    await admin.check_admin(connection.headers.get("authorization"), client_address(connection))
+def admin_guard(admin: AdminAuth) -> Guard:
+    """The admin API's guard: no cross-site requests, then the admin's credential."""
+
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        refuse_cross_site(connection)
+        await admin.check_admin(connection.headers.get("authorization"), client_address(connection))
+
+    return guard
 
 
-async def metrics_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    admin = services_of(connection).admin
-    await admin.check_metrics(connection.headers.get("authorization"), client_address(connection))
+def metrics_guard(admin: AdminAuth) -> Guard:
+    """/metrics: the admin's credential or the metrics token."""
+
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        await admin.check_metrics(connection.headers.get("authorization"), client_address(connection))
+
+    return guard

@@ -6,15 +6,19 @@ Prometheus text."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Router, get
+from litestar import Litestar, Router, get
+from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.types import Guard
 
+from web import deps
+from web.generation.gate import EngineGate
 from web.history.record import STATUSES
 from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.openai.schemas import (
@@ -25,10 +29,9 @@ from web.openai.schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    message_schema,
+    prompt_schema,
 )
-from web.openai.service import MAX_LOGPROBS, ROLES
-from web.state import Services, services_of
-from web.system.admin_auth import admin_guard
 
 TITLE = "LLM appliance"
 REF = "#/components/schemas/{name}"
@@ -65,7 +68,6 @@ BASIC_AUTH = ("/admin/api/", "/metrics")  # the admin's credential, its guesses 
 STATE_CHANGING = ("post", "put", "patch", "delete")
 # Unix seconds that are a date-time in the years 1 to 9999 (the history filters take either).
 FIRST_SECOND, END_SECOND = -62_135_596_800, 253_402_300_800
-EMPTY = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}  # a feature this server does not have
 
 
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +79,13 @@ def bounded(minimum: int, maximum: int | None = None) -> dict[str, Any]:
     return schema if maximum is None else {**schema, "maximum": maximum}
 
 
-def generated_document(routers: Sequence[Router]) -> dict[str, Any]:
+def generated_document(routers: Sequence[Router], dependencies: Mapping[str, Provide]) -> dict[str, Any]:
     """What Litestar generates for these routers, through its public API: an app built only to be read (routers
-    are copied when registered, so they can be registered again)."""
+    are copied when registered, so they can be registered again; their handlers' dependencies must resolve)."""
     config = OpenAPIConfig(title=TITLE, version=version("llm-appliance"), render_plugins=[JsonRenderPlugin()])
-    reader = Litestar(route_handlers=list(routers), openapi_config=config, logging_config=None)
+    reader = Litestar(
+        route_handlers=list(routers), dependencies=dict(dependencies), openapi_config=config, logging_config=None
+    )
     return reader.openapi_schema.to_schema()
 
 
@@ -96,13 +100,8 @@ def completed_document(
     clash = set(extra) & set(components)
     assert not clash, f"schema component names used twice: {sorted(clash)}"
     components.update(extra)
-    shared, chat, completion = _body_limits(max_model_len, vocab)
-    if model is not None:
-        shared["model"] = {"type": "string", "enum": [model]}
-    components["ChatCompletionRequest"]["properties"].update({**shared, **chat})
-    components["CompletionRequest"]["properties"].update({**shared, **completion})
+    _for_the_served_model(components, model, max_model_len, vocab)
     for name in ("KeyCreate", "KeyUpdate"):  # forbid_unknown_fields=True
-        components[name]["properties"].update(_key_limits())
         components[name]["additionalProperties"] = False
     components[ERROR] = ERROR_SCHEMA
     for path, item in doc["paths"].items():
@@ -111,54 +110,21 @@ def completed_document(
     return doc
 
 
-def _body_limits(max_model_len: int | None, vocab: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """What web/openai/service.py refuses, field by field: the fields both endpoints share, chat's, completions'.
-    The engine's own limits (temperature, top_p, top_k, seed, stop) are its to state."""
-    max_tokens = nullable(bounded(1, max_model_len - 1 if max_model_len else None))  # the prompt takes one at least
-    shared = {
-        "max_tokens": max_tokens,
-        "n": nullable({"const": 1}),
-        "presence_penalty": nullable({"const": 0}),
-        "frequency_penalty": nullable({"const": 0}),
-        "logit_bias": nullable({"type": "object", "maxProperties": 0}),
-    }
-    part = {
-        "type": "object",
-        "required": ["type", "text"],
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    }
-    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
-    common = {"name": nullable({"type": "string"}), "tool_calls": EMPTY}
-    speaker = {
-        "type": "object",
-        "required": ["role", "content"],
-        "properties": {"role": {"enum": [r for r in ROLES if r != "assistant"]}, "content": content, **common},
-    }
-    assistant = {
-        "type": "object",
-        "required": ["role"],
-        "properties": {"role": {"const": "assistant"}, "content": nullable(content), **common},
-    }
-    chat = {
-        "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [speaker, assistant]}},
-        "max_completion_tokens": max_tokens,
-        "top_logprobs": {**nullable(bounded(0, MAX_LOGPROBS)), "description": "needs logprobs: true"},
-        "tools": EMPTY,
-        "functions": EMPTY,
-        "tool_choice": nullable({"const": "none"}),
-        "response_format": nullable({"type": "object", "properties": {"type": {"const": "text"}}}),
-    }
-    text = {"type": "string", "minLength": 1}
-    tokens = {"type": "array", "minItems": 1, "items": bounded(0, vocab - 1 if vocab else None)}
-    one = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, tokens]}}
-    completion = {
-        "prompt": {"anyOf": [text, tokens, one]},
-        "logprobs": nullable(bounded(0, MAX_LOGPROBS)),
-        "echo": {"const": False},
-        "suffix": nullable({"const": ""}),
-        "best_of": nullable({"const": 1}),
-    }
-    return shared, chat, completion
+def _for_the_served_model(
+    components: dict[str, Any], model: str | None, max_model_len: int | None, vocab: int | None
+) -> None:
+    """The request bodies' declared limits (web/openai/schemas.py) completed with the served model's: its name,
+    its context (the prompt takes one token at least), its vocabulary; and the shapes msgspec cannot type."""
+    chat, completion = components["ChatCompletionRequest"], components["CompletionRequest"]
+    for body in (chat, completion):
+        if model is not None:
+            body["properties"]["model"] = {"type": "string", "enum": [model]}
+        if max_model_len:
+            for name in ("max_tokens", "max_completion_tokens"):
+                if name in body["properties"]:
+                    body["properties"][name]["anyOf"][0]["maximum"] = max_model_len - 1
+    completion["properties"]["prompt"] = prompt_schema(vocab)
+    components["ChatMessage"] = message_schema(components["ChatMessage"])
 
 
 def _key_limits() -> dict[str, Any]:
@@ -245,21 +211,21 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     responses["5XX"] = {"description": "A server error in OpenAI's error shape", "content": error}
 
 
-def _served_model(services: Services) -> tuple[str | None, int | None, int | None]:
-    info, tokenizer = services.client.model_info, services.client.tokenizer
-    return services.model_name, info.max_model_len if info else None, len(tokenizer) if tokenizer is not None else None
+def _served_model(gate: EngineGate) -> tuple[str | None, int | None, int | None]:
+    info, tokenizer = gate.client.model_info, gate.client.tokenizer
+    return gate.model_name, info.max_model_len if info else None, len(tokenizer) if tokenizer is not None else None
 
 
-def document_router(api: Sequence[Router]) -> Router:
+def document_router(api: Sequence[Router], admin_guard: Guard, dependencies: Mapping[str, Provide]) -> Router:
     """GET /admin/api/openapi.json: the document of `api` and of this route, generated at its first request (the
     route table does not change) and completed for the model being served at each."""
     generated: list[dict[str, Any]] = []
 
     @get("/openapi.json", sync_to_thread=False)
-    def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    def openapi_document(gate: deps.Gate) -> dict[str, Any]:
         if not generated:
-            generated.append(generated_document([*api, router]))
-        return completed_document(generated[0], *_served_model(services_of(request)))
+            generated.append(generated_document([*api, router], dependencies))
+        return completed_document(generated[0], *_served_model(gate))
 
     router = Router(path="/admin/api", route_handlers=[openapi_document], guards=[admin_guard])
     return router

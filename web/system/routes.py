@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
-from litestar import Request, Response, Router, get
+from litestar import Response, Router, get
 from litestar.params import QueryParameter
+from litestar.types import Guard
 from msgspec import Struct
 from sqlalchemy import select
 
 from engine import EngineStats, ModelInfo
+from web import deps
 from web.errors import ServiceUnavailable
 from web.models import EngineSample
-from web.state import services_of
-from web.system.admin_auth import admin_guard, metrics_guard
 from web.system.metrics import CONTENT_TYPE, KeyQuota, percentile
-
-AnyRequest = Request[Any, Any, Any]
 
 
 class Health(Struct):
@@ -34,23 +32,21 @@ def health() -> Health:
     return Health("ok")
 
 
-@get("/ready")
-async def ready(request: AnyRequest) -> Readiness:
-    services = services_of(request)
-    ok, why = services.readiness()
+@get("/ready", sync_to_thread=False)
+def ready(gate: deps.Gate) -> Readiness:
+    ok, why = gate.readiness()
     if not ok:
         raise ServiceUnavailable(f"not ready: {why}", code="not_ready")
-    return Readiness("ready", services.model_name)
+    return Readiness("ready", gate.model_name)
 
 
-@get("/metrics", guards=[metrics_guard])
-async def metrics(request: AnyRequest) -> Response[bytes]:
-    services = services_of(request)
-    services.metrics.key_quotas = [
+@get("/metrics")
+async def metrics(metrics: deps.Metrics, keys: deps.Keys) -> Response[bytes]:
+    metrics.key_quotas = [
         KeyQuota(key.id, key.name, u.used_tokens if u else 0, u.reserved_tokens if u else 0, key.quota_tokens)
-        for key, u in await services.keys.list_with_usage()
+        for key, u in await keys.list_with_usage()
     ]
-    return Response(services.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
 class Percentiles(Struct):
@@ -76,18 +72,17 @@ def _pcts(values: list[float]) -> Percentiles:
     return Percentiles(percentile(values, 0.5), percentile(values, 0.95))
 
 
-@get("/stats")
-async def stats(request: AnyRequest) -> StatsView:
-    services = services_of(request)
-    ok, why = services.readiness()
-    s = services.client.stats()
+@get("/stats", sync_to_thread=False)
+def stats(gate: deps.Gate, inflight: deps.InFlight) -> StatsView:
+    ok, why = gate.readiness()
+    s = gate.client.stats()
     return StatsView(
-        state=services.client.state,
+        state=gate.client.state,
         ready=ok,
         reason=why,
-        draining=services.draining,
-        in_flight=len(services.live),
-        model=services.client.model_info,
+        draining=gate.draining,
+        in_flight=len(inflight),
+        model=gate.client.model_info,
         engine=s,
         kv_usage=s.kv_usage if s else None,
         queue_wait_s=_pcts(s.recent_queue_wait if s else []),
@@ -112,14 +107,21 @@ class SampleView(Struct):
 
 @get("/samples")
 async def samples(
-    request: AnyRequest,
+    sessions: deps.Sessions,
     minutes: Annotated[int, QueryParameter(ge=1, le=7 * 24 * 60)] = 60,
 ) -> list[SampleView]:
     since = datetime.now(UTC) - timedelta(minutes=minutes)
-    async with services_of(request).sessions() as session:
+    async with sessions() as session:
         rows = await session.scalars(select(EngineSample).where(EngineSample.at >= since).order_by(EngineSample.at))
         return [SampleView(**{f: getattr(r, f) for f in SampleView.__struct_fields__}) for r in rows]
 
 
-system_router = Router(path="/", route_handlers=[health, ready, metrics])
-admin_system_router = Router(path="/admin/api", route_handlers=[stats, samples], guards=[admin_guard])
+def system_router(metrics_guard: Guard) -> Router:
+    """Liveness and readiness for anyone; /metrics behind the metrics guard."""
+    return Router(
+        path="/", route_handlers=[health, ready, Router("/", route_handlers=[metrics], guards=[metrics_guard])]
+    )
+
+
+def admin_system_router(admin_guard: Guard) -> Router:
+    return Router(path="/admin/api", route_handlers=[stats, samples], guards=[admin_guard])

@@ -3,7 +3,9 @@
 
 const KEY_ITEM = "appliance.apiKey";
 const CHATS_ITEM = "appliance.conversations.v1";
-export const DEFAULTS = Object.freeze({ system: "", temperature: 0.7, maxTokens: 512 });
+// maxTokens null: ask for no particular length, so the key's cap (or the server's default) applies and the
+// request is never refused for asking more than the key allows.
+export const DEFAULTS = Object.freeze({ system: "", temperature: 0.7, maxTokens: null });
 
 function read(item, fallback) {
   try {
@@ -34,7 +36,7 @@ function normalize(c) {
     title: typeof c.title === "string" ? c.title : "New chat",
     system: typeof c.system === "string" ? c.system : DEFAULTS.system,
     temperature: Number.isFinite(c.temperature) ? c.temperature : DEFAULTS.temperature,
-    maxTokens: Number.isInteger(c.maxTokens) ? c.maxTokens : DEFAULTS.maxTokens,
+    maxTokens: Number.isInteger(c.maxTokens) && c.maxTokens >= 1 ? c.maxTokens : DEFAULTS.maxTokens,
     messages: Array.isArray(c.messages) ? c.messages.filter((m) => m && typeof m.content === "string") : [],
     updated: Number.isFinite(c.updated) ? c.updated : Date.now(),
   };

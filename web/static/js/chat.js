@@ -91,7 +91,7 @@ function renderSettings() {
   $("chat-title").textContent = c.title;
   $("system-prompt").value = c.system;
   $("temperature").value = String(c.temperature);
-  $("max-tokens").value = String(c.maxTokens);
+  $("max-tokens").value = c.maxTokens === null ? "" : String(c.maxTokens);
   $("api-key").value = apiKey;
   $("key-needed").hidden = Boolean(apiKey);
   $("model-line").textContent = model ? `Model: ${model}` : "";
@@ -170,7 +170,12 @@ async function send(text) {
     const result = await streamChat({
       apiKey,
       signal: controller.signal,
-      body: { model, messages, temperature: c.temperature, max_tokens: c.maxTokens },
+      body: {
+        model,
+        messages,
+        temperature: c.temperature,
+        ...(c.maxTokens === null ? {} : { max_tokens: c.maxTokens }),
+      },
       onDelta: (delta) => {
         if (firstAt === null) firstAt = performance.now();
         reply.content += delta;
@@ -238,8 +243,10 @@ function bind() {
     renderSettings();
   });
   $("max-tokens").addEventListener("change", (event) => {
-    const value = Number(event.target.value);
-    if (Number.isInteger(value) && value >= 1) store.current.maxTokens = value;
+    const text = event.target.value.trim();
+    const value = Number(text);
+    if (text === "") store.current.maxTokens = null;
+    else if (Number.isInteger(value) && value >= 1) store.current.maxTokens = value;
     store.touch(store.current);
     renderSettings();
   });

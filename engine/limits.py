@@ -1,0 +1,30 @@
+"""The one context-length check: whether a prompt plus max_tokens can ever run on this model and KV pool.
+The scheduler applies it to every request it queues; servers call it (through ModelInfo) before they commit
+anything to a request, so a refusal costs nothing."""
+
+from __future__ import annotations
+
+from engine.errors import ContextLengthError
+
+
+def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int, kv_capacity_tokens: int) -> None:
+    """Raise ContextLengthError; its `prompt_too_long` says whether the prompt alone leaves no room."""
+    if num_prompt_tokens >= max_model_len:
+        raise ContextLengthError(
+            f"the prompt has {num_prompt_tokens} tokens; this model's context is {max_model_len} tokens, "
+            "which leaves no room for a completion",
+            "max_tokens",
+            prompt_too_long=True,
+        )
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise ContextLengthError(
+            f"this model's maximum context length is {max_model_len} tokens; the request has {num_prompt_tokens} "
+            f"prompt tokens and asks for {max_tokens} completion tokens ({total} in total)",
+            "max_tokens",
+        )
+    if total - 1 > kv_capacity_tokens:  # the last sampled token is never written to the cache
+        raise ContextLengthError(
+            f"prompt plus max_tokens is {total} tokens, more than the whole KV cache holds ({kv_capacity_tokens})",
+            "max_tokens",
+        )

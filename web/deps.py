@@ -1,0 +1,34 @@
+"""The names handlers take their collaborators by (Litestar dependencies, provided once per app by web/app.py's
+Gateway): a handler's signature says what it touches (`gate: deps.Gate`), and a test overrides one provider."""
+
+from __future__ import annotations
+
+from litestar.di import NamedDependency
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from web.config import WebConfig
+from web.generation.gate import EngineGate
+from web.generation.inflight import InFlight as _InFlight
+from web.generation.run import Generations as _Generations
+from web.history.service import HistoryService
+from web.keys.limiter import ConcurrencyLimiter
+from web.keys.service import KeyService
+from web.keys.views import KeyViews
+from web.ledger import Ledger as _Ledger
+from web.openai.service import Prompts as _Prompts
+from web.system.admin_auth import AdminAuth
+from web.system.metrics import Metrics as _Metrics
+
+Admin = NamedDependency[AdminAuth]
+Config = NamedDependency[WebConfig]
+Gate = NamedDependency[EngineGate]
+Generations = NamedDependency[_Generations]
+History = NamedDependency[HistoryService]
+InFlight = NamedDependency[_InFlight]
+Keys = NamedDependency[KeyService]
+Ledger = NamedDependency[_Ledger]
+Limiter = NamedDependency[ConcurrencyLimiter]
+Metrics = NamedDependency[_Metrics]
+Prompts = NamedDependency[_Prompts]
+Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
+Views = NamedDependency[KeyViews]

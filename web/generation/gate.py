@@ -1,0 +1,56 @@
+"""Whether the server admits requests now: the engine's state, its start-up failure, and the drain at shutdown."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine import EngineError
+from web.errors import ServiceUnavailable
+from web.generation.backend import EngineClient
+
+log = logging.getLogger("web.generation")
+
+
+class EngineGate:
+    def __init__(self, client: EngineClient, served_model_name: str | None = None) -> None:
+        self.client = client
+        self.served_model_name = served_model_name
+        self.started_at = int(time.time())
+        self.draining = False
+        self.start_error: str | None = None
+
+    @property
+    def model_name(self) -> str | None:
+        if self.served_model_name:
+            return self.served_model_name
+        info = self.client.model_info
+        return info.name if info is not None else None
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): the one place that decides whether requests are admitted."""
+        if self.draining:
+            return False, "draining: the server is shutting down"
+        state = self.client.state
+        if state == "ready":
+            return True, "ready"
+        if self.start_error is not None:
+            return False, f"the engine failed to start: {self.start_error}"
+        if state == "loading":
+            return False, "loading: the model is being loaded and warmed up"
+        detail = self.client.last_error
+        return False, f"engine {state}" + (f": {detail}" if detail else "")
+
+    def check(self) -> None:
+        ready, why = self.readiness()
+        if not ready:
+            raise ServiceUnavailable(f"not ready: {why}", code="not_ready")
+
+    async def start_engine(self) -> None:
+        """Start the engine; a failure is kept (readiness says it) rather than raised."""
+        try:
+            info = await self.client.start()
+            log.info("engine ready: %s (max_model_len %d)", info.name, info.max_model_len)
+        except EngineError as exc:
+            self.start_error = str(exc)
+            log.error("the engine failed to start: %s", exc)

@@ -1,0 +1,236 @@
+"""The ledger: every request's history row and its key's quota, kept together. It alone reserves quota (with
+the row's insert, one transaction), settles it to the tokens charged (with the row's final write, one
+transaction), and releases what a crash left behind, so that each accepted request ends in exactly one terminal
+row and the quota charged equals the usage recorded.
+
+The quota statements are built once with bind parameters and run as Core statements: building SQLAlchemy
+expressions and ORM bookkeeping per request cost more CPU than the database work itself."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from math import ceil
+from typing import Any, cast
+
+import msgspec
+from sqlalchemy import Integer, Table, bindparam, case, func, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from engine import EngineError
+from web.errors import AppError, InsufficientQuota, StorageUnavailable, from_engine_error
+from web.generation.policy import Prepared
+from web.history.record import FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
+from web.history.writer import BatchWriter, Write, describe
+from web.keys.limiter import ConcurrencyLimiter
+from web.keys.service import KeyInfo, KeyService, next_period_start, period_start
+from web.models import ApiKey, KeyUsage, RequestRecord, UTCDateTime, utcnow
+from web.system.metrics import Metrics
+
+logger = logging.getLogger("web.ledger")
+_usage = cast(Table, KeyUsage.__table__)
+_keys = cast(Table, ApiKey.__table__)
+_rolled = _usage.c.period_start < bindparam("start", type_=UTCDateTime())
+_used = case((_rolled, 0), else_=_usage.c.used_tokens)
+_quota = select(_keys.c.quota_tokens).where(_keys.c.id == _usage.c.key_id).scalar_subquery()
+
+# Rolls the period over when it has ended, then reserves if used + reserved + n still fits the quota, all in one
+# statement: SQLite applies writes one at a time, so concurrent requests of a key can never overspend it.
+RESERVE = (
+    update(_usage)
+    .where(
+        _usage.c.key_id == bindparam("kid", type_=Integer()),
+        or_(_quota.is_(None), _used + _usage.c.reserved_tokens + bindparam("n", type_=Integer()) <= _quota),
+    )
+    .values(
+        used_tokens=_used,
+        period_start=case((_rolled, bindparam("start", type_=UTCDateTime())), else_=_usage.c.period_start),
+        reserved_tokens=_usage.c.reserved_tokens + bindparam("n", type_=Integer()),
+        last_used_at=bindparam("now", type_=UTCDateTime()),
+    )
+)
+SETTLE = (
+    update(_usage)
+    .where(_usage.c.key_id == bindparam("kid", type_=Integer()))
+    .values(
+        reserved_tokens=func.max(_usage.c.reserved_tokens - bindparam("reserved", type_=Integer()), 0),
+        used_tokens=_usage.c.used_tokens + bindparam("charged", type_=Integer()),
+        total_tokens=_usage.c.total_tokens + bindparam("charged", type_=Integer()),
+        total_requests=_usage.c.total_requests + 1,
+    )
+)
+INTERRUPT_LEFTOVERS = (
+    update(RequestRecord)
+    .where(RequestRecord.status.in_(("queued", "running")))
+    .values(status="interrupted", reserved_tokens=0, error="the server stopped while the request was in flight")
+)
+# Reservations racing for a quota's last tokens: each try either reserves or learns how much is left.
+RESERVE_TRIES = 3
+RELEASE_RESERVATIONS = update(KeyUsage).where(KeyUsage.reserved_tokens != 0).values(reserved_tokens=0)
+
+
+class Ledger:
+    def __init__(
+        self,
+        db: AsyncEngine,
+        writer: BatchWriter,
+        keys: KeyService,
+        limiter: ConcurrencyLimiter,
+        metrics: Metrics,
+        store_text: bool = False,
+    ) -> None:
+        self.db = db
+        self.writer = writer
+        self.keys = keys
+        self.limiter = limiter
+        self.metrics = metrics
+        self.store_text = store_text
+
+    # -- start-up ---------------------------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Rows a crash left queued or running can never finish: mark them interrupted and release every
+        reservation (nothing is in flight at start-up). Returns how many rows were interrupted."""
+        async with self.db.begin() as conn:
+            result = await conn.execute(INTERRUPT_LEFTOVERS.values(finished_at=utcnow()))
+            await conn.execute(RELEASE_RESERVATIONS)
+        return int(result.rowcount)
+
+    # -- admission --------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def refusals(self, log: RequestLog) -> AsyncIterator[None]:
+        """Whatever refuses the request inside this block gets it a `rejected` row and leaves as an AppError."""
+        try:
+            yield
+        except Exception as exc:
+            error = self._refusal(log, exc)
+            log.status, log.error, log.reserved_tokens = "rejected", error.message, 0
+            written = self.writer.submit(_insert(log.queued_values(finished_at=utcnow())))
+            if not (isinstance(error, StorageUnavailable) or self.writer.refusing):
+                await written  # the row is there once the client has its answer, unless storage is down (queued)
+            if error is exc:
+                raise
+            raise error from None
+
+    async def admit(self, log: RequestLog, key: KeyInfo, prepared: Prepared) -> Prepared:
+        """Take one of the key's concurrent slots, reserve prompt + max_tokens of its quota and write the queued
+        row, or raise (nothing is left taken then). max_tokens is an upper bound: where the quota has less left,
+        the request runs with what is left (and ends with finish_reason "length"); only a prompt that leaves no
+        token is refused. Returns the request as admitted."""
+        log.prompt_text = prepared.prompt_text if self.store_text else None
+        log.prompt_tokens = len(prepared.prompt_ids)
+        log.max_tokens_requested = prepared.requested_max_tokens
+        self.limiter.acquire(key.id, key.max_concurrent)
+        try:
+            granted = await self._reserve_up_to(key, log, prepared.params.max_tokens)
+        except BaseException:
+            self.limiter.release(key.id)
+            raise
+        self.writer.retry_now()  # the database just took a write: what it refused before may go through now
+        if granted == prepared.params.max_tokens:
+            return prepared
+        return replace(prepared, params=msgspec.structs.replace(prepared.params, max_tokens=granted))
+
+    async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int) -> int:
+        """Reserve for max_tokens, else for what the quota has left, else raise InsufficientQuota."""
+        wanted = max_tokens
+        for _ in range(RESERVE_TRIES):
+            log.max_tokens_applied, log.reserved_tokens = wanted, log.prompt_tokens + wanted
+            if await self._reserve(key, log):
+                return wanted
+            room = (await self.keys.remaining(key) or 0) - log.prompt_tokens
+            if room < 1:  # the prompt alone does not fit what is left
+                break
+            wanted = min(max_tokens, room)
+        log.max_tokens_applied, log.reserved_tokens = max_tokens, log.prompt_tokens + max_tokens
+        raise await self._quota_error(key, log)
+
+    async def _reserve(self, key: KeyInfo, log: RequestLog) -> bool:
+        now = utcnow()
+        start = period_start(key.quota_period, now, key.created_at)
+        async with self.db.begin() as conn:
+            reserved = await conn.execute(
+                RESERVE, {"kid": key.id, "n": log.reserved_tokens, "start": start, "now": now}
+            )
+            if not reserved.rowcount:
+                return False
+            await conn.execute(INSERT_REQUEST, log.queued_values())
+        return True
+
+    async def _quota_error(self, key: KeyInfo, log: RequestLog) -> InsufficientQuota:
+        remaining = await self.keys.remaining(key)
+        period = key.quota_period
+        now = utcnow()
+        resets = next_period_start(period, period_start(period, now, key.created_at))
+        when = f"; it resets at {resets:%Y-%m-%d %H:%M} UTC" if resets is not None else ""
+        scope = f"this {period}" if period != "none" else "in total"
+        # Retry-After only where waiting helps: a quota of period "none" never resets.
+        headers = {"Retry-After": str(max(1, ceil((resets - now).total_seconds())))} if resets is not None else {}
+        # Waiting helps only where the quota resets; otherwise only the admin can (`appliance keys set`).
+        advice = "Wait for the reset or ask" if resets is not None else "Ask"
+        return InsufficientQuota(
+            f"insufficient quota: this request's prompt takes {log.prompt_tokens} tokens and this API key has "
+            f"{remaining} of {key.quota_tokens} tokens left {scope}{when}, which leaves no room for a completion. "
+            f"{advice} the administrator for more quota.",
+            headers=headers,
+        )
+
+    def _refusal(self, log: RequestLog, exc: Exception) -> AppError:
+        """Why the request is refused, as the client is told; counted in /metrics."""
+        if isinstance(exc, AppError):
+            error = exc
+        elif isinstance(exc, EngineError):
+            error = from_engine_error(exc)
+        elif isinstance(exc, SQLAlchemyError):
+            logger.error("the database refused request %s at admission: %s", log.id, describe(exc))
+            self.metrics.observe_db_error("admission")
+            error = StorageUnavailable("the request history cannot be written right now; retry shortly")
+        else:
+            logger.exception("request %s failed at admission", log.id, exc_info=exc)
+            error = AppError("internal server error")
+        self.metrics.observe_rejected(error.code or error.type)
+        return error
+
+    # -- in flight and at the end ---------------------------------------------------------------------
+
+    def mark_running(self, log: RequestLog) -> None:
+        params = {"rid": log.id, "admitted": log.wall(log.scheduled_mono), "first": log.wall(log.first_token_mono)}
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(MARK_RUNNING, params)
+
+        self.writer.submit(write)
+
+    async def settle(self, log: RequestLog) -> None:
+        """The request's end, exactly once: the terminal row and the key's reservation replaced by the tokens
+        charged, in one transaction (retried until the database takes it; while it refuses writes, the caller
+        is not held up), and the key's slot given back."""
+        key_id = log.key_id
+        if key_id is not None:
+            self.limiter.release(key_id)
+        self.metrics.observe_request(log)
+        values, reserved, charged = log.final_values(), log.reserved_tokens, log.charged_tokens
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(FINALIZE_REQUEST, values)
+            if key_id is not None:
+                await conn.execute(SETTLE, {"kid": key_id, "reserved": reserved, "charged": charged})
+
+        settled = self.writer.submit(write)
+        if not self.writer.refusing:  # else it is queued until the database takes it
+            await settled
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait for every write submitted so far, for up to `timeout` s; whether they all went through."""
+        return await self.writer.flush(timeout=timeout)
+
+
+def _insert(values: dict[str, Any]) -> Write:
+    async def write(conn: AsyncConnection) -> None:
+        await conn.execute(INSERT_REQUEST, values)
+
+    return write
