@@ -12,7 +12,7 @@ from typing import Any
 
 from appliance.database import Database, with_database
 from appliance.settings import Settings
-from web.keys.service import PERIODS, KeyInfo, KeyLimits, KeyService
+from web.keys.service import MAX_WEIGHT, MIN_WEIGHT, PERIODS, PRIORITIES, KeyInfo, KeyLimits, KeyService
 from web.models import KeyUsage
 
 NO_LIMIT = ("none", "unlimited")
@@ -34,6 +34,17 @@ def limit_value(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'none', not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'none', not {text!r}")
+    return value
+
+
+def weight_value(text: str) -> float:
+    """argparse type: the key's share against other busy keys, within KeyLimits' bounds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 1, 0.5 or 4, not {text!r}") from None
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a weight from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, not {text!r}")
     return value
 
 
@@ -77,12 +88,35 @@ def _add_limit_flags(parser: argparse.ArgumentParser, *, default_none: bool) -> 
         default="none" if default_none else argparse.SUPPRESS,
         help=f"when the quota resets: each UTC day, ISO week, month, or never (default: {period_unset})",
     )
+    parser.add_argument(
+        "--weight",
+        type=weight_value,
+        default=1.0 if default_none else argparse.SUPPRESS,
+        metavar="W",
+        help="share of the engine against other busy keys: 2 gets twice what 1 gets "
+        f"(default: {'1' if default_none else 'unchanged'})",
+    )
+    parser.add_argument(
+        "--class",
+        dest="priority",
+        choices=PRIORITIES,
+        default="interactive" if default_none else argparse.SUPPRESS,
+        help="interactive requests are admitted before batch ones "
+        f"(default: {'interactive' if default_none else 'unchanged'})",
+    )
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
     command = args.keys_command
     if command == "create":
-        limits = KeyLimits(args.max_tokens_per_request, args.quota_tokens, args.quota_period, args.max_concurrent)
+        limits = KeyLimits(
+            args.max_tokens_per_request,
+            args.quota_tokens,
+            args.quota_period,
+            args.max_concurrent,
+            args.weight,
+            args.priority,
+        )
         info, key = with_database(settings, lambda db: _service(db).create(args.name, limits))
         if args.json:
             print(json.dumps({"key": key, "info": key_json(info, None)}, indent=2))
@@ -140,7 +174,7 @@ def describe_limits(info: KeyInfo) -> str:
     else:
         quota = f"quota {info.quota_tokens:,} tokens per {info.quota_period}"
     concurrency = f"at most {info.max_concurrent} at once" if info.max_concurrent else "no concurrency limit"
-    return f"{cap}, {quota}, {concurrency}"
+    return f"{cap}, {quota}, {concurrency}, weight {info.weight:g} {info.priority}"
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -158,6 +192,8 @@ def key_json(info: KeyInfo, usage: KeyUsage | None) -> dict[str, Any]:
         "quota_tokens": info.quota_tokens,
         "quota_period": info.quota_period,
         "max_concurrent": info.max_concurrent,
+        "weight": info.weight,
+        "priority": info.priority,
         "used_tokens": usage.used_tokens if usage else 0,
         "period_start": _iso(usage.period_start) if usage else None,
         "total_tokens": usage.total_tokens if usage else 0,
@@ -170,7 +206,7 @@ def print_table(rows: list[tuple[KeyInfo, KeyUsage | None]]) -> None:
     if not rows:
         print("no keys yet: appliance keys create NAME")
         return
-    table = [("ID", "NAME", "PREFIX", "CAP", "QUOTA", "USED", "CONCURRENCY", "REQUESTS", "STATUS")]
+    table = [("ID", "NAME", "PREFIX", "CAP", "QUOTA", "USED", "CONCURRENCY", "SHARE", "REQUESTS", "STATUS")]
     for info, usage in rows:
         quota = "-" if info.quota_tokens is None else f"{info.quota_tokens:,}"
         if info.quota_tokens is not None and info.quota_period != "none":
@@ -184,6 +220,7 @@ def print_table(rows: list[tuple[KeyInfo, KeyUsage | None]]) -> None:
                 quota,
                 f"{usage.used_tokens if usage else 0:,}",
                 "-" if info.max_concurrent is None else str(info.max_concurrent),
+                f"{info.weight:g} {info.priority}",
                 f"{usage.total_requests if usage else 0:,}",
                 "active" if info.revoked_at is None else f"revoked {info.revoked_at:%Y-%m-%d}",
             )

@@ -68,6 +68,9 @@ class ApiKey(Base):
     quota_tokens: Mapped[int | None] = mapped_column(Integer)
     quota_period: Mapped[str] = mapped_column(String(8))  # day | week | month | none
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    # Fair share: the key's weight against other busy keys, and its class (interactive goes before batch).
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    priority: Mapped[str] = mapped_column(String(16), default="interactive", server_default="interactive")
 
 
 class KeyUsage(Base):

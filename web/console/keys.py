@@ -17,7 +17,7 @@ from web.console.auth import page_context
 from web.console.render import fragment, render, wanted_partial
 from web.errors import AppError
 from web.keys.schemas import KeyView
-from web.keys.service import PERIODS, KeyLimits
+from web.keys.service import PERIODS, PRIORITIES, KeyLimits
 
 Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
 
@@ -30,6 +30,8 @@ class KeyForm(Struct, kw_only=True):
     quota_tokens: str = ""
     quota_period: str = "none"
     max_concurrent: str = ""
+    weight: str = "1"
+    priority: str = "interactive"
     csrf_token: str = ""
 
 
@@ -47,6 +49,16 @@ def _limit(raw: str, label: str) -> int | None:
         raise FormError(f"{label} must be a whole number, or empty for no limit") from None
 
 
+def _weight(raw: str) -> float:
+    text = raw.strip()
+    if not text:
+        return 1.0
+    try:
+        return float(text)
+    except ValueError:
+        raise FormError("Weight must be a number such as 1, 0.5 or 4") from None
+
+
 def limits_of(form: KeyForm) -> KeyLimits:
     """Raises FormError or AppError (from KeyLimits.check) with a message for the form."""
     limits = KeyLimits(
@@ -54,6 +66,8 @@ def limits_of(form: KeyForm) -> KeyLimits:
         quota_tokens=_limit(form.quota_tokens, "Token quota"),
         quota_period=form.quota_period,
         max_concurrent=_limit(form.max_concurrent, "Concurrent requests"),
+        weight=_weight(form.weight),
+        priority=form.priority,
     )
     limits.check()
     return limits
@@ -77,7 +91,17 @@ def _page(
     created: dict[str, Any] | None = None,
     oob: bool = False,
 ) -> dict[str, Any]:
-    return page_context(request, "keys", keys=views, periods=PERIODS, form=form, error=error, created=created, oob=oob)
+    return page_context(
+        request,
+        "keys",
+        keys=views,
+        periods=PERIODS,
+        priorities=PRIORITIES,
+        form=form,
+        error=error,
+        created=created,
+        oob=oob,
+    )
 
 
 @get("/keys")
@@ -111,7 +135,9 @@ async def key_card(request: HTMXRequest, views: deps.Views, key_id: FromPath[int
 async def edit_key_form(request: HTMXRequest, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    context = page_context(request, "keys", key=await views.one(key_id), periods=PERIODS, error=None, form=None)
+    context = page_context(
+        request, "keys", key=await views.one(key_id), periods=PERIODS, priorities=PRIORITIES, error=None, form=None
+    )
     return fragment("key-edit", context)
 
 
@@ -124,7 +150,9 @@ async def update_key(
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
         view = await views.one(key_id)
-        context = page_context(request, "keys", key=view, periods=PERIODS, error=message, form=data)
+        context = page_context(
+            request, "keys", key=view, periods=PERIODS, priorities=PRIORITIES, error=message, form=data
+        )
         return fragment("key-edit", context, status_code=422)
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)

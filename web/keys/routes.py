@@ -21,7 +21,14 @@ async def list_keys(views: deps.Views) -> list[KeyView]:
 
 @post("/", status_code=201)
 async def create_key(keys: deps.Keys, views: deps.Views, data: JSONBody[KeyCreate]) -> CreatedKey:
-    limits = KeyLimits(data.max_tokens_per_request, data.quota_tokens, data.quota_period, data.max_concurrent)
+    limits = KeyLimits(
+        data.max_tokens_per_request,
+        data.quota_tokens,
+        data.quota_period,
+        data.max_concurrent,
+        data.weight,
+        data.priority,
+    )
     info, key = await keys.create(data.name, limits)
     return CreatedKey(key=key, info=await views.one(info.id))
 
@@ -43,6 +50,8 @@ async def update_key(keys: deps.Keys, views: deps.Views, key_id: FromPath[int], 
         pick(data.quota_tokens, current.quota_tokens),
         pick(data.quota_period, current.quota_period),
         pick(data.max_concurrent, current.max_concurrent),
+        pick(data.weight, current.weight),
+        pick(data.priority, current.priority),
     )
     name = None if data.name is UNSET else data.name
     await keys.update(key_id, name, limits)

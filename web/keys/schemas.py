@@ -7,11 +7,14 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from web.keys.service import SQLITE_INT_MAX, Period
+from web.keys.service import MAX_WEIGHT, MIN_WEIGHT, SQLITE_INT_MAX, Period, Priority
 
 # A key's limits, declared once: msgspec enforces them on the admin API's bodies and the OpenAPI document is
 # generated from them; KeyLimits.check applies the same bounds to the console's forms and the CLI.
 Limit = Annotated[int, Meta(ge=1, le=SQLITE_INT_MAX, description="null for no limit")]
+Weight = Annotated[
+    float, Meta(ge=MIN_WEIGHT, le=MAX_WEIGHT, description="share against other busy keys (2 gets twice 1's)")
+]
 KeyName = Annotated[str, Meta(min_length=1, pattern=r"\S")]  # one of only spaces is blank
 
 
@@ -21,6 +24,8 @@ class KeyCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     quota_tokens: Limit | None = None
     quota_period: Period = "none"
     max_concurrent: Limit | None = None
+    weight: Weight = 1.0
+    priority: Priority = "interactive"
 
 
 class KeyUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -31,6 +36,8 @@ class KeyUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     quota_tokens: Limit | UnsetType | None = UNSET
     quota_period: Period | UnsetType = UNSET
     max_concurrent: Limit | UnsetType | None = UNSET
+    weight: Weight | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
 
 
 class UsageView(Struct):
@@ -55,6 +62,8 @@ class KeyView(Struct):
     quota_tokens: int | None
     quota_period: str
     max_concurrent: int | None
+    weight: float
+    priority: str
     usage: UsageView
 
 

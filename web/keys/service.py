@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ from typing import Any, Literal, cast, get_args
 from sqlalchemy import Row, Table, bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from engine import Tenant
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound
 from web.models import ApiKey, KeyUsage, UTCDateTime, utcnow
 
@@ -20,6 +22,11 @@ KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
 Period = Literal["day", "week", "month", "none"]
 PERIODS: tuple[str, ...] = get_args(Period)
+# The engine's priority classes (engine.Tenant.priority): interactive requests are admitted before batch ones.
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+# A weight is a share against other busy keys; beyond a million to one the counters say nothing more.
+MIN_WEIGHT, MAX_WEIGHT = 1e-3, 1e6
 # SQLite's INTEGER is 64-bit: no id beyond this range can exist, and no limit beyond it can be stored.
 SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 _BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
@@ -80,6 +87,8 @@ class KeyInfo:
     max_concurrent: int | None
     created_at: datetime
     revoked_at: datetime | None
+    weight: float
+    priority: str
 
     @classmethod
     def of(cls, row: ApiKey | Row[Any]) -> KeyInfo:
@@ -93,7 +102,14 @@ class KeyInfo:
             row.max_concurrent,
             row.created_at,
             row.revoked_at,
+            row.weight,
+            row.priority,
         )
+
+    @property
+    def tenant(self) -> Tenant:
+        """Who the engine's fair scheduler counts this key's requests against."""
+        return Tenant(str(self.id), self.weight, cast(Priority, self.priority))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +120,18 @@ class KeyLimits:
     quota_tokens: int | None = None
     quota_period: str = "none"
     max_concurrent: int | None = None
+    weight: float = 1.0
+    priority: str = "interactive"
 
     def check(self) -> None:
         if self.quota_period not in PERIODS:
             raise InvalidRequest(f"quota_period must be one of {', '.join(PERIODS)}", param="quota_period")
+        if self.priority not in PRIORITIES:
+            raise InvalidRequest(f"priority must be one of {', '.join(PRIORITIES)}", param="priority")
+        if isinstance(self.weight, bool) or not (
+            math.isfinite(self.weight) and MIN_WEIGHT <= self.weight <= MAX_WEIGHT
+        ):
+            raise InvalidRequest(f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}", param="weight")
         for name in ("max_tokens_per_request", "quota_tokens", "max_concurrent"):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= SQLITE_INT_MAX:
@@ -156,6 +180,8 @@ class KeyService:
             quota_tokens=limits.quota_tokens,
             quota_period=limits.quota_period,
             max_concurrent=limits.max_concurrent,
+            weight=limits.weight,
+            priority=limits.priority,
         )
         async with self.sessions.begin() as session:
             session.add(row)
@@ -184,6 +210,8 @@ class KeyService:
             row.quota_tokens = limits.quota_tokens
             row.quota_period = limits.quota_period
             row.max_concurrent = limits.max_concurrent
+            row.weight = limits.weight
+            row.priority = limits.priority
         return KeyInfo.of(row)
 
     async def revoke(self, key_id: int) -> KeyInfo:

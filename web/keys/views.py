@@ -39,6 +39,8 @@ def key_view(key: KeyInfo, usage: KeyUsage | None, in_flight: int) -> KeyView:
         quota_tokens=key.quota_tokens,
         quota_period=key.quota_period,
         max_concurrent=key.max_concurrent,
+        weight=key.weight,
+        priority=key.priority,
         usage=UsageView(
             period_start=start,
             period_end=end,
