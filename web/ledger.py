@@ -131,9 +131,10 @@ class Ledger:
             self.limiter.release(key.id)
             raise
         self.writer.retry_now()  # the database just took a write: what it refused before may go through now
-        if granted == prepared.params.max_tokens:
-            return prepared
-        return replace(prepared, params=msgspec.structs.replace(prepared.params, max_tokens=granted))
+        params = prepared.params
+        if granted != params.max_tokens:
+            params = msgspec.structs.replace(params, max_tokens=granted)
+        return replace(prepared, params=params, tenant=key.tenant)
 
     async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int) -> int:
         """Reserve for max_tokens, else for what the quota has left, else raise InsufficientQuota."""

@@ -15,8 +15,10 @@ from engine import (
     Logprob,
     ModelInfo,
     QueueFullError,
+    QueuePosition,
     RequestOutput,
     SamplingParams,
+    Tenant,
     Timings,
     Usage,
 )
@@ -63,6 +65,11 @@ class FakeEngineClient:
         self.aborted: list[str] = []
         self.closed_early: list[str] = []
         self.generated: dict[str, int] = {}
+        self.tenants: dict[str, Tenant | None] = {}  # request id -> the tenant it was queued for
+        # A queue in front of the seats: each request waits queue_wait seconds with queue_ahead requests before it.
+        self.queue_wait = 0.0
+        self.queue_ahead = 0
+        self._admitted_at: dict[str, float] = {}
         self._abort_flags: set[str] = set()
         self._generation = 0
         self.shutdown_called = False
@@ -103,6 +110,11 @@ class FakeEngineClient:
         self.aborted.append(request_id)
         self._abort_flags.add(request_id)
 
+    def queue_position(self, request_id: str) -> QueuePosition | None:
+        admitted_at = self._admitted_at.get(request_id)
+        remaining = admitted_at - time.monotonic() if admitted_at is not None else 0.0
+        return QueuePosition(self.queue_ahead + 1, remaining) if remaining > 0 else None
+
     def stats(self) -> EngineStats | None:
         if self.model_info is None:
             return None
@@ -122,6 +134,7 @@ class FakeEngineClient:
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        tenant: Tenant | None = None,
     ) -> AsyncIterator[RequestOutput]:
         rid = request_id or "fake"
         ids = list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
@@ -136,7 +149,11 @@ class FakeEngineClient:
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthError("too long for the fake", "max_tokens")
         self.requests.append((rid, ids, params))
+        self.tenants[rid] = tenant
         generation = self._generation
+        if self.queue_wait:
+            self._admitted_at[rid] = time.monotonic() + self.queue_wait
+            await asyncio.sleep(self.queue_wait)
         n = params.max_tokens if params.ignore_eos else min(params.max_tokens, self.completion_tokens)
         scheduled = time.monotonic()
         first: float | None = None

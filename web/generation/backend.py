@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from engine import EngineStats, ModelInfo, RequestOutput, SamplingParams
+from engine import EngineStats, ModelInfo, QueuePosition, RequestOutput, SamplingParams, Tenant
 
 
 class EngineClient(Protocol):
@@ -24,8 +24,14 @@ class EngineClient(Protocol):
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        tenant: Tenant | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Queue the request at once; refusals come with the first item; closing the stream early aborts it."""
+        """Queue the request at once, counted against `tenant`'s fair share (None: the engine's default tenant);
+        refusals come with the first item; closing the stream early aborts it."""
+        ...
+
+    def queue_position(self, request_id: str) -> QueuePosition | None:
+        """Where a waiting request stands and when it should be admitted; None once it runs (or not known)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

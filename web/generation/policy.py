@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import ContextLengthError, ModelInfo, SamplingParams
+from engine import ContextLengthError, ModelInfo, SamplingParams, Tenant
 from web.errors import ContextLengthExceeded, InvalidRequest
 from web.keys.service import KeyInfo
 
@@ -18,6 +18,7 @@ class Prepared:
     params: SamplingParams
     requested_max_tokens: int | None  # as asked (the history row keeps it), None when the body had none
     prompt_text: str | None = None
+    tenant: Tenant | None = None  # whose share it draws on, set at admission; None: the engine's default
 
 
 def effective_max_tokens(

@@ -36,7 +36,11 @@ class Generations:
     def start(self, log: RequestLog, prepared: Prepared) -> Generation:
         """The engine queues the request now; its refusals (queue full, a dead engine) come with `first()`."""
         stream = self.client.generate(
-            prepared.prompt_ids, prepared.params, request_id=log.id, arrival_time=log.arrival_mono
+            prepared.prompt_ids,
+            prepared.params,
+            request_id=log.id,
+            arrival_time=log.arrival_mono,
+            tenant=prepared.tenant,
         )
         generation = Generation(self, log, stream)
         self.inflight.add(generation)
