@@ -151,15 +151,15 @@ class FakeEngineClient:
         self.requests.append((rid, ids, params))
         self.tenants[rid] = tenant
         generation = self._generation
-        if self.queue_wait:
-            self._admitted_at[rid] = time.monotonic() + self.queue_wait
-            await asyncio.sleep(self.queue_wait)
         n = params.max_tokens if params.ignore_eos else min(params.max_tokens, self.completion_tokens)
         scheduled = time.monotonic()
         first: float | None = None
         done = False
         self.generated[rid] = 0
         try:
+            if self.queue_wait:
+                self._admitted_at[rid] = time.monotonic() + self.queue_wait
+                await asyncio.sleep(self.queue_wait)
             for i in range(n):
                 await asyncio.sleep(self.token_delay)
                 if generation != self._generation:

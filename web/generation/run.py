@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from engine import EngineError, InvalidRequestError, QueueFullError, RequestOutput
+from engine import EngineError, InvalidRequestError, QueueFullError, QueuePosition, RequestOutput
 from web.errors import AppError, ServiceUnavailable, from_engine_error
 from web.generation.backend import EngineClient
 from web.generation.inflight import InFlight
@@ -68,6 +68,10 @@ class Generation:
     @property
     def finished(self) -> bool:
         return self.final is not None
+
+    def queue_position(self) -> QueuePosition | None:
+        """Where the request waits for a seat; None once it runs (or where the engine cannot say)."""
+        return self._owner.client.queue_position(self.request_id)
 
     async def first(self) -> RequestOutput:
         """The first delta; engine refusals (queue full, context length, dead) become AppErrors here."""

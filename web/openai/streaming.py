@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -13,7 +16,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from engine import Logprob, RequestOutput
+from engine import Logprob, QueuePosition, RequestOutput
 from web.errors import AppError
 from web.generation.disconnect import ClientDisconnected, unless_disconnected
 from web.generation.run import Generation
@@ -23,6 +26,9 @@ from web.openai.schemas import Completion, Delta, UsageBody, encoder
 logger = logging.getLogger("web.openai")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
+# The engine refuses (queue full, context length) at its next step, in milliseconds: a first delta still missing
+# after this long means the request waits for a seat, and the stream starts so the client can be told where.
+QUEUE_NOTICE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -59,31 +65,62 @@ async def collect(request: Request[Any, Any, Any], generation: Generation) -> Co
     return collected
 
 
+def queue_comment(position: QueuePosition | None) -> bytes:
+    """An SSE comment (OpenAI's clients skip it) saying where a waiting request stands; without a position (not
+    yet in the engine's snapshot, or prefilling) it only keeps the connection alive."""
+    if position is None:
+        return b": waiting\n\n"
+    eta = "" if position.eta_s is None else f" eta={math.ceil(position.eta_s)}"
+    return f": queued position={position.position}{eta}\n\n".encode()
+
+
+async def _refused_or_waiting(first: asyncio.Future[RequestOutput]) -> None:
+    """Raise the refusal if one comes within QUEUE_NOTICE_S; otherwise return with `first` done or still running."""
+    await asyncio.wait((first,), timeout=QUEUE_NOTICE_S)
+    if first.done() and (error := first.exception()) is not None:
+        raise error
+
+
 async def start_stream(
     request: Request[Any, Any, Any],
     generation: Generation,
     frames: Callable[[RequestOutput, bool], list[bytes]],
     closing: Callable[[], list[bytes]],
 ) -> Response[Any]:
-    """Wait for the first delta (so refusals still get their HTTP status), then stream SSE frames.
+    """Wait a moment for the first delta, so refusals still get their HTTP status, then stream SSE frames; a
+    request still queued by then gets the status 200 and a comment about once a second saying where it stands
+    until its first delta (a refusal after that comes in-band, as for an engine that dies mid-stream).
 
     `frames(out, is_first)` turns a delta into SSE frames; `closing()` gives the frames after the last delta."""
-    try:
-        first = await unless_disconnected(request.receive, generation.first())
-    except ClientDisconnected:
+    pending = asyncio.ensure_future(generation.first())
+
+    async def finish() -> None:
+        # A first() still waiting iterates the engine stream: stop it before close() closes that stream.
+        if not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
         await generation.close()
+
+    try:
+        await unless_disconnected(request.receive, _refused_or_waiting(pending))
+    except ClientDisconnected:
+        await finish()
         return Response(b"", status_code=CLIENT_CLOSED)
     except BaseException:
         # first() closes the request on its own failures; this is for anything else (a cancelled handler):
         # the key's slot and reservation are given back and the row is finalized whatever happened.
         with anyio.CancelScope(shield=True):
-            await generation.close()
+            await finish()
         raise
 
     async def events() -> AsyncIterator[bytes]:
         # One write per delta: each write is a syscall (and a wake-up of the client), the main cost per token.
         try:
-            yield b"".join(frames(first, True))
+            while not pending.done():
+                yield queue_comment(generation.queue_position())
+                await asyncio.wait((pending,), timeout=QUEUE_NOTICE_S)
+            yield b"".join(frames(pending.result(), True))  # a refusal that came late is raised here, in-band
             async for out in generation:
                 if data := b"".join(frames(out, False)):
                     yield data
@@ -102,15 +139,15 @@ async def start_stream(
         finally:
             # A disconnect cancels this generator's scope; shield the finalization from that cancellation.
             with anyio.CancelScope(shield=True):
-                await generation.close()
+                await finish()
 
     # The background task runs after the body even when a disconnect interrupted it mid-send, where the
-    # generator above may be left suspended; close() is idempotent.
+    # generator above may be left suspended; finish() is idempotent.
     return Stream(
         events(),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
-        background=BackgroundTask(generation.close),
+        background=BackgroundTask(finish),
     )
 
 
