@@ -56,26 +56,47 @@ export function explain(err) {
   return `The server failed (${err.status}): ${err.message}.${later}`;
 }
 
+/** A queue comment's place and ETA, e.g. ": queued position=3 eta=4" -> { position: 3, etaS: 4 }; null if not one. */
+export function parseQueued(comment) {
+  const match = /^queued position=(\d+)(?: eta=(\d+))?/.exec(comment);
+  if (!match) return null;
+  return { position: Number(match[1]), etaS: match[2] === undefined ? null : Number(match[2]) };
+}
+
+function ordinal(n) {
+  const teen = n % 100 >= 11 && n % 100 <= 13;
+  const suffix = teen ? "th" : { 1: "st", 2: "nd", 3: "rd" }[n % 10] || "th";
+  return `${n}${suffix}`;
+}
+
+/** "Waiting for a seat — 3rd in line, about 4 s" */
+export function waitingText({ position, etaS }) {
+  const eta = etaS === null ? "" : `, about ${Math.max(1, etaS)} s`;
+  return `Waiting for a seat — ${ordinal(position)} in line${eta}`;
+}
+
 function* events(buffer) {
-  // Yields complete SSE events' data and leaves the unfinished tail in buffer.rest.
+  // Yields complete SSE events, { data } or { comment }, and leaves the unfinished tail in buffer.rest.
   const parts = buffer.text.split(/\r?\n\r?\n/);
   buffer.rest = parts.pop();
   for (const part of parts) {
-    const data = part
-      .split(/\r?\n/)
+    const lines = part.split(/\r?\n/);
+    const data = lines
       .filter((line) => line.startsWith("data:"))
       .map((line) => line.slice(5).replace(/^ /, ""))
       .join("\n");
-    if (data) yield data;
+    if (data) yield { data };
+    for (const line of lines) if (line.startsWith(":")) yield { comment: line.slice(1).trim() };
   }
 }
 
 /**
- * Stream one chat completion. `onDelta(text)` gets each piece of content; resolves to
+ * Stream one chat completion. `onQueued({ position, etaS })` hears where the request waits for a seat (the
+ * server's comments before the first token); `onDelta(text)` gets each piece of content; resolves to
  * { usage, finishReason } at [DONE]; rejects with ApiError on a refusal (also one sent inside the stream),
  * or with the AbortError of `signal` when stopped.
  */
-export async function streamChat({ apiKey, body, signal, onDelta }) {
+export async function streamChat({ apiKey, body, signal, onDelta, onQueued }) {
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
     headers: { "Content-Type": "application/json", Authorization: `Bearer ${apiKey}` },
@@ -91,7 +112,12 @@ export async function streamChat({ apiKey, body, signal, onDelta }) {
     const { value, done } = await reader.read();
     buffer.text = buffer.rest + (done ? decoder.decode() : decoder.decode(value, { stream: true }));
     if (done) buffer.text += "\n\n";
-    for (const data of events(buffer)) {
+    for (const { data, comment } of events(buffer)) {
+      if (comment !== undefined) {
+        const queued = parseQueued(comment);
+        if (queued && onQueued) onQueued(queued);
+        continue;
+      }
       if (data === "[DONE]") return result;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new ApiError(500, chunk, null);

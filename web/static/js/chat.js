@@ -1,7 +1,7 @@
 // The chat page: conversations in localStorage, a reply streamed token by token from /v1/chat/completions,
 // Stop, per-reply timings, errors in plain words. Text goes into the page only as DOM text or through the
 // Markdown renderer (markdown.js: raw HTML off, then sanitized into DOM nodes; no HTML string reaches the page).
-import { explain, fetchModel, streamChat } from "./chat-api.js";
+import { explain, fetchModel, streamChat, waitingText } from "./chat-api.js";
 import { Store, loadKey, saveKey } from "./chat-store.js";
 import { renderMarkdown } from "./markdown.js";
 
@@ -39,6 +39,7 @@ function messageNode(message) {
   if (message.role === "assistant") body.appendChild(renderMarkdown(message.content));
   else body.textContent = message.content;
   node.appendChild(body);
+  if (message.waiting) node.appendChild(el("p", "waiting muted", message.waiting)).setAttribute("role", "status");
   if (message.error) node.appendChild(el("p", "error", message.error)).setAttribute("role", "alert");
   const line = statsLine(message.stats);
   if (line) node.appendChild(el("p", "stats", line));
@@ -176,8 +177,13 @@ async function send(text) {
         temperature: c.temperature,
         ...(c.maxTokens === null ? {} : { max_tokens: c.maxTokens }),
       },
+      onQueued: (queued) => {
+        reply.waiting = waitingText(queued);
+        scheduleRepaint();
+      },
       onDelta: (delta) => {
         if (firstAt === null) firstAt = performance.now();
+        delete reply.waiting;
         reply.content += delta;
         scheduleRepaint();
       },
@@ -199,6 +205,7 @@ async function send(text) {
       reply.error = explain(err);
     }
   } finally {
+    delete reply.waiting; // a note for the moment, never kept with the conversation
     setRunning(null);
     store.touch(c);
     repaint();
