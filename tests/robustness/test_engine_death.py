@@ -66,8 +66,8 @@ async def test_engine_sigkill_under_load_fails_cleanly_then_recovers(server: Ser
         assert all(r.status == 200 and not r.done for r in streamed)  # never a [DONE] after a failure
         assert all((r.in_band_error or {}).get("code") == "engine_unavailable" for r in streamed), streamed[0]
         assert all(is_openai_error(r, 503, "engine_unavailable") for r in answered), answered[0].text
-        assert is_openai_error(not_ready, 503, "not_ready")
-        assert refused.status_code == 503 and refused.json()["error"]["code"] in ("not_ready", "engine_unavailable")
+        assert is_openai_error(not_ready, 503, "engine_unavailable")  # down, or restarting after the crash
+        assert is_openai_error(refused, 503, "engine_unavailable")
 
         rows = await settled_rows(server, key, total + 1)
         statuses = [r["status"] for r in rows]

@@ -60,6 +60,7 @@ class FakeEngineClient:
         self.model_info: ModelInfo | None = None
         self.tokenizer: Any = FakeTokenizer()
         self.last_error: str | None = None
+        self.restarts = 0
         self.reject_next: str | None = None  # "queue_full" or "invalid": refuse the next request
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
         self.aborted: list[str] = []
@@ -93,6 +94,7 @@ class FakeEngineClient:
         return self.model_info
 
     async def restart(self) -> ModelInfo:
+        self.restarts += 1
         return await self.start()
 
     async def shutdown(self, timeout: float = 10.0) -> None:

@@ -129,7 +129,7 @@ async def test_engine_death_fails_requests_then_service_resumes(in_loop: InLoop,
     assert_openai_error(plain, 503, "engine_unavailable")
     events = sse_events(streamed.text)
     assert events[-1]["error"]["code"] == "engine_unavailable" and "[DONE]" not in events
-    assert_openai_error(await in_loop.http.get("/ready"), 503, "not_ready")
+    assert_openai_error(await in_loop.http.get("/ready"), 503, "engine_unavailable")
     refused = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
     assert_openai_error(refused, 503)
     await in_loop.fake.restart()

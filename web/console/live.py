@@ -39,9 +39,11 @@ class ThroughputMeter:
 
 @dataclass(frozen=True, slots=True)
 class EngineState:
-    label: str  # loading | ready | draining | down
+    label: str  # loading | ready | draining | down (down also while restarting after a crash: reason says so)
     reason: str
     model: str | None
+    restarts: int = 0  # engine restarts after a crash since the server started
+    last_exit: str | None = None  # why the engine last died, once it has
 
 
 def engine_state(gate: EngineGate) -> EngineState:
@@ -51,11 +53,12 @@ def engine_state(gate: EngineGate) -> EngineState:
         label = "draining"
     elif ready:
         label = "ready"
-    elif state in ("loading", "stopped") and gate.start_error is None:
+    elif state in ("loading", "stopped") and gate.start_error is None and not gate.crashed:
         label = "loading"
     else:
         label = "down"
-    return EngineState(label, reason, gate.model_name)
+    restarts = gate.client.restarts
+    return EngineState(label, reason, gate.model_name, restarts, gate.client.last_error if restarts else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,15 +36,33 @@ class EngineGate:
             return True, "ready"
         if self.start_error is not None:
             return False, f"the engine failed to start: {self.start_error}"
+        if self.crashed:
+            return False, self.crash_report()
         if state == "loading":
             return False, "loading: the model is being loaded and warmed up"
         detail = self.client.last_error
         return False, f"engine {state}" + (f": {detail}" if detail else "")
 
+    @property
+    def crashed(self) -> bool:
+        """The engine process died and is not back yet: down, or loading again in a restart after the crash (a
+        first load never counts restarts)."""
+        state = self.client.state
+        return state == "down" or (state == "loading" and self.client.restarts > 0)
+
+    def crash_report(self) -> str:
+        """What the operator and the client read while the engine is down: how many restarts, and why it died."""
+        n = self.client.restarts
+        doing = "restarting after a crash" if self.client.state == "loading" else "down after a crash"
+        last = self.client.last_error or "no exit reason recorded"
+        return f"{doing} ({n} restart{'' if n == 1 else 's'}; last: {last})"
+
     def check(self) -> None:
+        """Refuse while not ready: engine_unavailable after a crash (the README's name), else not_ready."""
         ready, why = self.readiness()
         if not ready:
-            raise ServiceUnavailable(f"not ready: {why}", code="not_ready")
+            code = "engine_unavailable" if self.crashed and not self.draining else "not_ready"
+            raise ServiceUnavailable(f"not ready: {why}", code=code)
 
     async def start_engine(self) -> None:
         """Start the engine; a failure is kept (readiness says it) rather than raised."""

@@ -47,6 +47,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._model_name = model_name
         self.key_quotas: list[KeyQuota] = []
+        self.engine_restarts = 0  # the engine client's count, set before each scrape like key_quotas
         self._window_queue_waits: list[float] = []  # since the sampler last took them
         labels = ["model_name"]
         self.queue_time = Histogram(
@@ -147,6 +148,8 @@ class _EngineCollector(Collector):
         up = GaugeMetricFamily("appliance:engine_up", "1 when the engine has reported stats.")
         up.add_metric([], 1.0 if s is not None else 0.0)
         yield up
+        # Here, not among the engine's counters: the engine's own counters start again with each new process.
+        yield _counter("appliance:engine_restarts", "Engine restarts after a crash.", self._metrics.engine_restarts, {})
         if s is not None:
             yield from _engine_metrics(s, model)
         yield from _quota_metrics(self._metrics.key_quotas)

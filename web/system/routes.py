@@ -13,7 +13,6 @@ from sqlalchemy import select
 
 from engine import EngineStats, ModelInfo
 from web import deps
-from web.errors import ServiceUnavailable
 from web.models import EngineSample
 from web.system.metrics import CONTENT_TYPE, KeyQuota, percentile
 
@@ -34,14 +33,13 @@ def health() -> Health:
 
 @get("/ready", sync_to_thread=False)
 def ready(gate: deps.Gate) -> Readiness:
-    ok, why = gate.readiness()
-    if not ok:
-        raise ServiceUnavailable(f"not ready: {why}", code="not_ready")
+    gate.check()
     return Readiness("ready", gate.model_name)
 
 
 @get("/metrics")
-async def metrics(metrics: deps.Metrics, keys: deps.Keys) -> Response[bytes]:
+async def metrics(metrics: deps.Metrics, keys: deps.Keys, gate: deps.Gate) -> Response[bytes]:
+    metrics.engine_restarts = gate.client.restarts
     metrics.key_quotas = [
         KeyQuota(key.id, key.name, u.used_tokens if u else 0, u.reserved_tokens if u else 0, key.quota_tokens)
         for key, u in await keys.list_with_usage()
@@ -59,6 +57,8 @@ class StatsView(Struct):
     ready: bool
     reason: str
     draining: bool
+    restarts: int  # engine restarts after a crash since the server started
+    last_exit: str | None  # why the engine process last died (or failed to start), if it ever did
     in_flight: int
     model: ModelInfo | None
     engine: EngineStats | None
@@ -81,6 +81,8 @@ def stats(gate: deps.Gate, inflight: deps.InFlight) -> StatsView:
         ready=ok,
         reason=why,
         draining=gate.draining,
+        restarts=gate.client.restarts,
+        last_exit=gate.client.last_error,
         in_flight=len(inflight),
         model=gate.client.model_info,
         engine=s,
