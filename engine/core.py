@@ -162,8 +162,14 @@ class EngineCore:
             if req.status.finished:
                 outputs.append(self._final(req, delta, logprobs, [token]))
             else:
-                outputs.append(RequestOutput(req.request_id, [token], delta, logprobs=logprobs))
+                output = RequestOutput(req.request_id, [token], delta, logprobs=logprobs)
+                if len(req.output_token_ids) == 1:  # a request cut short later still knows when it was scheduled
+                    output.timings = self._timings(req)
+                outputs.append(output)
         return outputs
+
+    def _timings(self, req: Request) -> Timings:
+        return Timings(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time)
 
     def _final(
         self,
@@ -186,7 +192,7 @@ class EngineCore:
             stop_reason=req.stop_reason,
             logprobs=logprobs,
             usage=Usage(req.num_prompt_tokens, len(req.output_token_ids), req.num_cached_prompt_tokens),
-            timings=Timings(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time),
+            timings=self._timings(req),
         )
 
     def _logprobs(self, token: int, top: TopLogprobs | None) -> list[Logprob] | None:

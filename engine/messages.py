@@ -35,8 +35,9 @@ class Usage(msgspec.Struct, frozen=True):
 
 
 class RequestOutput(msgspec.Struct):
-    """A delta of one request: new token ids and the text they complete. The last one has finished=True,
-    finish_reason ("stop", "length" or "abort"), usage and timings."""
+    """A delta of one request: new token ids and the text they complete. The first one with a token has timings
+    so far (a request cancelled before its end keeps them); the last one has finished=True, finish_reason
+    ("stop", "length" or "abort"), usage and all its timings."""
 
     request_id: str
     token_ids: list[int]
@@ -58,7 +59,7 @@ class RequestOutput(msgspec.Struct):
         self.finish_reason = later.finish_reason
         self.stop_reason = later.stop_reason
         self.usage = later.usage
-        self.timings = later.timings
+        self.timings = later.timings or self.timings  # the first delta's survive a merge with later ones
 
 
 QUEUE_SNAPSHOT = 256  # waiting request ids a snapshot lists: enough for a page to tell "n-th in line"

@@ -176,6 +176,8 @@ class FakeEngineClient:
                 if params.logprobs is not None:
                     top = [(100 + i, f"t{i} ", -0.1), (7, "x", -2.5)][: max(params.logprobs, 1)]
                     out.logprobs = [Logprob(100 + i, f"t{i} ", -0.1, top[: params.logprobs])]
+                if i == 0 and not last:  # as the engine core does: a cut-short request keeps its schedule
+                    out.timings = Timings(arrival, scheduled, first, None)
                 if last:
                     done = True
                     out.finish_reason = reason

@@ -128,6 +128,7 @@ class Generation:
             self.final = out
             log.finish_reason = out.finish_reason
             log.finished_mono = now
+        if out.finished or out.timings is not None:  # the first delta's timings too: a cancel may come before the end
             log.apply_engine_result(out.usage, out.timings)
 
     async def abort(self, reason: str) -> None:
@@ -160,6 +161,7 @@ class Generation:
             log.error = error
             if log.finished_mono is None:
                 log.finished_mono = time.monotonic()
+            log.assume_scheduled_by_first_token()
             if self._text is not None:
                 log.response_text = "".join(self._text)
             self._owner.inflight.discard(self.request_id)

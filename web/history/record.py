@@ -81,6 +81,12 @@ class RequestLog:
             self.first_token_mono = timings.first_token or self.first_token_mono
             self.finished_mono = timings.finished or self.finished_mono
 
+    def assume_scheduled_by_first_token(self) -> None:
+        """A backend that never said when it scheduled the request (a remote one, or output cut short before any
+        timings): the first token bounds it from above, so queue wait is at most overstated by the prefill."""
+        if self.scheduled_mono is None and self.first_token_mono is not None:
+            self.scheduled_mono = self.first_token_mono
+
     @property
     def charged_tokens(self) -> int:
         """Prompt tokens count once the engine produced output for the request; generated tokens always."""
