@@ -17,7 +17,9 @@ UNSUPPORTED: dict[str, Any] = {"unsupported": True}
 
 # model and user are kept in every history row: a longer one is refused, not stored.
 Name = Annotated[str, Meta(max_length=256)]
-MaxTokens = Annotated[int, Meta(ge=1)]
+# vLLM takes 5.0 for 5 (clients that compute a count send floats): an integral float is a count too, documented
+# as an integer (max_tokens_schema); web/openai/service.py turns it into the int.
+MaxTokens = Annotated[int, Meta(ge=1)] | Annotated[float, Meta(ge=1, multiple_of=1)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 NoPenalty = Annotated[float, Meta(ge=0, le=0, extra=UNSUPPORTED, description="only 0: penalties are not supported")]
 NoTools = Annotated[list[Any], Meta(max_length=0, extra=UNSUPPORTED, description="tools are not supported")]
@@ -109,6 +111,17 @@ def prompt_schema(vocab: int | None) -> dict[str, Any]:
     tokens = {"type": "array", "minItems": 1, "items": token}
     one = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, tokens]}}
     return {"anyOf": [text, tokens, one]}
+
+
+def max_tokens_schema(maximum: int | None) -> dict[str, Any]:
+    """A token count's document: JSON Schema's integer already takes 5.0 (a number with no fraction), which is
+    what MaxTokens decodes; msgspec would document its float branch as any number."""
+    count = {"type": "integer", "minimum": 1} | ({"maximum": maximum} if maximum else {})
+    return {"anyOf": [count, {"type": "null"}], "default": None}
+
+
+# stream_options means something only for a stream: OpenAI and vLLM refuse it otherwise (web/openai/service.py).
+STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -12,8 +12,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
-from engine import SamplingParams
-from web.errors import InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
+from engine import ModelInfo, SamplingParams
+from web.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
 from web.generation.backend import EngineClient
 from web.generation.gate import EngineGate
 from web.generation.policy import Prepared, effective_max_tokens
@@ -29,6 +29,10 @@ from web.openai.schemas import (
 
 T = TypeVar("T")
 THREAD_CHARS = 16_384  # tokenizing more text than this moves off the event loop
+# More characters than this per token of context cannot fit, so such a prompt is refused before it is tokenized
+# (a 3.5 MB one took 7-12 s of CPU). Not tighter: the bundled model's longest token is 81 characters (a run of
+# spaces, or of "#"), and a prompt of spaces tokenizes at 64 characters a token.
+MAX_CHARS_PER_TOKEN = 128
 SHOWN_CHARS = 64
 _PATH = re.compile(r"at `\$\.?(.*)`$")
 _INDEX = re.compile(r"\[\d+\]")
@@ -103,8 +107,17 @@ def shown(value: str, limit: int = SHOWN_CHARS) -> str:
     return f"'{value}'" if len(value) <= limit else f"'{value[:limit]}...' ({len(value)} characters)"
 
 
+def whole(count: float | None) -> int | None:
+    """A token count the schema let through as an integral float (5.0), as the int it is."""
+    return None if count is None else int(count)
+
+
 def sampling_fields(body: _SamplingFields) -> dict[str, Any]:
     """The fields both endpoints share, in the engine's terms (their limits are the schema's and the engine's)."""
+    if body.stream_options is not None and not body.stream:
+        # OpenAI and vLLM refuse it: the options only mean something for a stream, and a client sending them
+        # most likely forgot stream: true.
+        raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     top_k = body.top_k if body.top_k is not None else 0
     fields: dict[str, Any] = {
@@ -163,8 +176,9 @@ class Prompts:
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         messages = chat_messages(body.messages)
         size = sum(len(m["content"]) for m in messages)
+        self._check_chars(size, "messages")
         ids = await _maybe_in_thread(size, _apply_template, self.client.tokenizer, messages)
-        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        requested = whole(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens)
         text = msgspec.json.encode(messages).decode() if self.store_text else None
         return self._prepared(ids, requested, fields, key, text, "messages")
 
@@ -175,6 +189,7 @@ class Prompts:
         prompt = _single_prompt(body.prompt)
         tokenizer = self.client.tokenizer
         if isinstance(prompt, str):
+            self._check_chars(len(prompt), "prompt")
             ids = await _maybe_in_thread(len(prompt), _encode, tokenizer, prompt)
         else:
             ids = prompt
@@ -185,7 +200,22 @@ class Prompts:
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         text = (prompt if isinstance(prompt, str) else str(prompt)) if self.store_text else None
-        return self._prepared(ids, body.max_tokens, fields, key, text, "prompt")
+        return self._prepared(ids, whole(body.max_tokens), fields, key, text, "prompt")
+
+    def _model_info(self) -> ModelInfo:
+        info = self.client.model_info
+        assert info is not None  # the gate let the request in: a model is loaded
+        return info
+
+    def _check_chars(self, chars: int, param: str) -> None:
+        info = self._model_info()
+        limit = info.max_model_len * MAX_CHARS_PER_TOKEN
+        if chars > limit:
+            raise ContextLengthExceeded(
+                f"the prompt is {chars} characters: more than this model's context of {info.max_model_len} tokens "
+                f"can hold (at most {MAX_CHARS_PER_TOKEN} characters a token, {limit} in all)",
+                param=param,
+            )
 
     def _prepared(
         self,
@@ -196,8 +226,7 @@ class Prompts:
         text: str | None,
         prompt_field: str,
     ) -> Prepared:
-        info = self.client.model_info
-        assert info is not None  # the gate let the request in: a model is loaded
+        info = self._model_info()
         max_tokens = effective_max_tokens(requested, key, self.default_max_tokens, len(ids), info, prompt_field)
         # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission.
         return Prepared(ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text)

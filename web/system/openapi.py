@@ -22,6 +22,7 @@ from web.generation.gate import EngineGate
 from web.history.record import STATUSES
 from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.openai.schemas import (
+    STREAM_OPTIONS_NEED_STREAM,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -29,6 +30,7 @@ from web.openai.schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    max_tokens_schema,
     message_schema,
     prompt_schema,
 )
@@ -119,10 +121,10 @@ def _for_the_served_model(
     for body in (chat, completion):
         if model is not None:
             body["properties"]["model"] = {"type": "string", "enum": [model]}
-        if max_model_len:
-            for name in ("max_tokens", "max_completion_tokens"):
-                if name in body["properties"]:
-                    body["properties"][name]["anyOf"][0]["maximum"] = max_model_len - 1
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in body["properties"]:
+                body["properties"][name] = max_tokens_schema(max_model_len - 1 if max_model_len else None)
+        body["dependentSchemas"] = STREAM_OPTIONS_NEED_STREAM
     completion["properties"]["prompt"] = prompt_schema(vocab)
     components["ChatMessage"] = message_schema(components["ChatMessage"])
 
