@@ -20,6 +20,7 @@ from web.keys.schemas import KeyView
 from web.keys.service import PERIODS, PRIORITIES, KeyLimits
 
 Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
+CHOICES = {"periods": PERIODS, "priorities": PRIORITIES}  # the key form's select boxes
 
 
 class KeyForm(Struct, kw_only=True):
@@ -91,17 +92,7 @@ def _page(
     created: dict[str, Any] | None = None,
     oob: bool = False,
 ) -> dict[str, Any]:
-    return page_context(
-        request,
-        "keys",
-        keys=views,
-        periods=PERIODS,
-        priorities=PRIORITIES,
-        form=form,
-        error=error,
-        created=created,
-        oob=oob,
-    )
+    return page_context(request, "keys", keys=views, form=form, error=error, created=created, oob=oob, **CHOICES)
 
 
 @get("/keys")
@@ -135,9 +126,7 @@ async def key_card(request: HTMXRequest, views: deps.Views, key_id: FromPath[int
 async def edit_key_form(request: HTMXRequest, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
-    context = page_context(
-        request, "keys", key=await views.one(key_id), periods=PERIODS, priorities=PRIORITIES, error=None, form=None
-    )
+    context = page_context(request, "keys", key=await views.one(key_id), error=None, form=None, **CHOICES)
     return fragment("key-edit", context)
 
 
@@ -150,9 +139,7 @@ async def update_key(
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
         view = await views.one(key_id)
-        context = page_context(
-            request, "keys", key=view, periods=PERIODS, priorities=PRIORITIES, error=message, form=data
-        )
+        context = page_context(request, "keys", key=view, error=message, form=data, **CHOICES)
         return fragment("key-edit", context, status_code=422)
     if not _is_htmx(request):
         return Redirect(f"/admin/keys#key-{key_id}", status_code=303)
