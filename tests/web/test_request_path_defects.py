@@ -76,11 +76,11 @@ async def test_an_engine_crash_is_named_to_clients_the_console_stats_and_metrics
     await asyncio.sleep(0.05)
     refused = assert_openai_error(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"},
                                                   headers=bearer(key)), 503, "engine_unavailable")  # fmt: skip
-    assert "restarting after a crash (1 restart; last: the engine process exited (code -9))" in refused["message"]
+    assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in refused["message"]
     assert_openai_error(await http.get("/ready"), 503, "engine_unavailable")
     await _sign_in(http)
     fragment = await _engine_state(http)
-    assert "restarting after a crash (1 restart; last: the engine process exited (code -9))" in fragment
+    assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in fragment
     assert 'data-state="loading"' not in fragment
     stats = (await http.get("/admin/api/stats", headers=ADMIN)).json()
     assert (stats["restarts"], stats["last_exit"]) == (1, "the engine process exited (code -9)")

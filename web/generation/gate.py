@@ -51,11 +51,12 @@ class EngineGate:
         return state == "down" or (state == "loading" and self.client.restarts > 0)
 
     def crash_report(self) -> str:
-        """What the operator and the client read while the engine is down: how many restarts, and why it died."""
+        """What the operator and the client read while the engine is down: how many restarts, and why it died.
+        "state: detail" like the other reasons (appliance status splits them there)."""
         n = self.client.restarts
-        doing = "restarting after a crash" if self.client.state == "loading" else "down after a crash"
+        doing = "restarting" if self.client.state == "loading" else "down"
         last = self.client.last_error or "no exit reason recorded"
-        return f"{doing} ({n} restart{'' if n == 1 else 's'}; last: {last})"
+        return f"{doing}: after a crash ({n} restart{'' if n == 1 else 's'}; last: {last})"
 
     def check(self) -> None:
         """Refuse while not ready: engine_unavailable after a crash (the README's name), else not_ready."""
