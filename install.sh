@@ -40,7 +40,7 @@ Installs the LLM appliance (or upgrades it in place, keeping data and settings).
   --host ADDR       bind address written to a new settings file (default 0.0.0.0: the LAN)
   --port N          port written to a new settings file (default 8000)
   --model M         model written to a new settings file (default: default, the bundled model)
-  --quantization Q  none, nf4, fp4 or int8, written to a new settings file (default nf4)
+  --quantization Q  auto, none, nf4, fp4 or int8, written to a new settings file (default auto)
   --uninstall       stop and remove the service and the virtual environment; keep data and settings
   --purge           with --uninstall: delete data and settings too (and the service user)
   -h, --help        show this help
@@ -65,7 +65,7 @@ parse_args() {
     HOST=0.0.0.0
     PORT=8000
     MODEL=default
-    QUANTIZATION=nf4
+    QUANTIZATION=auto
     SETTINGS_GIVEN=0
     while [ $# -gt 0 ]; do
         case $1 in
@@ -121,8 +121,8 @@ check_settings() {
         '' | *[!A-Za-z0-9._/:+@-]*) usage_error "--model may hold only letters, digits and ._/:+@-" ;;
     esac
     case $QUANTIZATION in
-        none | nf4 | fp4 | int8) ;;
-        *) usage_error "--quantization must be none, nf4, fp4 or int8" ;;
+        auto | none | nf4 | fp4 | int8) ;;
+        *) usage_error "--quantization must be auto, none, nf4, fp4 or int8" ;;
     esac
 }
 

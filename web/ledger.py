@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import timedelta
 from math import ceil
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from engine import EngineError
 from web.errors import AppError, InsufficientQuota, StorageUnavailable, from_engine_error
 from web.generation.policy import Prepared
-from web.history.record import FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
+from web.history.record import CHECKPOINT, FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
 from web.history.writer import BatchWriter, Write, describe
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyInfo, KeyService, next_period_start, period_start
@@ -62,11 +63,27 @@ SETTLE = (
         total_requests=_usage.c.total_requests + 1,
     )
 )
-INTERRUPT_LEFTOVERS = (
+LEFTOVERS = select(
+    RequestRecord.id,
+    RequestRecord.key_id,
+    RequestRecord.prompt_tokens,
+    RequestRecord.completion_tokens,
+    RequestRecord.arrival_at,
+    RequestRecord.first_token_at,
+    RequestRecord.e2e_s,
+).where(RequestRecord.status.in_(("queued", "running")))
+INTERRUPT = (
     update(RequestRecord)
-    .where(RequestRecord.status.in_(("queued", "running")))
-    .values(status="interrupted", reserved_tokens=0, error="the server stopped while the request was in flight")
+    .where(RequestRecord.id == bindparam("rid"))
+    .values(
+        status="interrupted",
+        reserved_tokens=0,
+        finished_at=bindparam("finished", type_=UTCDateTime()),
+        error="the server stopped while the request was in flight",
+    )
 )
+# Seconds between a running request's checkpoints: a crash leaves at most this much of its output uncharged.
+CHECKPOINT_S = 1.0
 # Reservations racing for a quota's last tokens: each try either reserves or learns how much is left.
 RESERVE_TRIES = 3
 RELEASE_RESERVATIONS = update(KeyUsage).where(KeyUsage.reserved_tokens != 0).values(reserved_tokens=0)
@@ -92,12 +109,20 @@ class Ledger:
     # -- start-up ---------------------------------------------------------------------------------------
 
     async def recover(self) -> int:
-        """Rows a crash left queued or running can never finish: mark them interrupted and release every
-        reservation (nothing is in flight at start-up). Returns how many rows were interrupted."""
+        """Rows a crash left queued or running can never finish: each ends interrupted at its last checkpoint,
+        its key charged what the checkpoint counted (the tokens had reached the client), and every reservation
+        is released (nothing is in flight at start-up). Returns how many rows were interrupted."""
         async with self.db.begin() as conn:
-            result = await conn.execute(INTERRUPT_LEFTOVERS.values(finished_at=utcnow()))
+            leftovers = (await conn.execute(LEFTOVERS)).all()
+            for row in leftovers:
+                last = row.arrival_at + timedelta(seconds=row.e2e_s) if row.e2e_s is not None else None
+                finished = last or row.first_token_at or row.arrival_at
+                await conn.execute(INTERRUPT, {"rid": row.id, "finished": finished})
+                charged = row.prompt_tokens + row.completion_tokens if row.completion_tokens else 0
+                if row.key_id is not None:
+                    await conn.execute(SETTLE, {"kid": row.key_id, "reserved": 0, "charged": charged})
             await conn.execute(RELEASE_RESERVATIONS)
-        return int(result.rowcount)
+        return len(leftovers)
 
     # -- admission --------------------------------------------------------------------------------------
 
@@ -203,6 +228,15 @@ class Ledger:
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(MARK_RUNNING, params)
+
+        self.writer.submit(write)
+
+    def checkpoint(self, log: RequestLog, now_mono: float) -> None:
+        """A running request's progress so far (not awaited: the writer batches it with everything else)."""
+        params = {"rid": log.id, "tokens": log.completion_tokens, "at": now_mono - log.arrival_mono}
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(CHECKPOINT, params)
 
         self.writer.submit(write)
 

@@ -13,8 +13,8 @@ XSS_SCRIPT = "<script>window.__xss=1</script>"
 
 
 def open_chat(page: Page, key: str, max_tokens: int | None = 16) -> None:
-    """Open the chat with `key` (asked for on a first visit, else set in the settings) and a max_tokens (None:
-    leave the page's own default)."""
+    """Open the chat with `key` (asked for on a first visit, else set in the settings) and a max_tokens (None: an
+    empty field, the page's default: no particular length)."""
     page.goto("/")
     if page.locator("#key-input").is_visible():  # first visit: the page asks for a key
         page.fill("#key-input", key)
@@ -23,9 +23,8 @@ def open_chat(page: Page, key: str, max_tokens: int | None = 16) -> None:
     else:
         page.click("#toggle-settings")
         page.fill("#api-key", key)
-    if max_tokens is not None:
-        page.fill("#max-tokens", str(max_tokens))
-        page.press("#max-tokens", "Tab")
+    page.fill("#max-tokens", "" if max_tokens is None else str(max_tokens))
+    page.press("#max-tokens", "Tab")
     page.click("#toggle-settings")
 
 

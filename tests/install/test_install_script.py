@@ -40,7 +40,7 @@ def test_help_lists_the_options() -> None:
         (["--no-systemd", "--port", "70000"], "--port must be between 1 and 65535"),
         (["--no-systemd", "--port", "http"], "--port must be a number"),
         (["--no-systemd", "--prefix", "/tmp/with space"], "--prefix may hold only"),
-        (["--no-systemd", "--quantization", "q3"], "--quantization must be none, nf4, fp4 or int8"),
+        (["--no-systemd", "--quantization", "q3"], "--quantization must be auto, none, nf4, fp4 or int8"),
         (["--no-systemd", "--model"], "--model needs a value"),
     ],
 )

@@ -15,7 +15,7 @@ from web.generation.backend import EngineClient
 from web.generation.inflight import InFlight
 from web.generation.policy import Prepared
 from web.history.record import RequestLog
-from web.ledger import Ledger
+from web.ledger import CHECKPOINT_S, Ledger
 from web.system.metrics import Metrics
 
 logger = logging.getLogger("web.generation")
@@ -57,6 +57,7 @@ class Generation:
         self._closed = False
         self._text: list[str] | None = [] if owner.store_text else None
         self._last_token_mono: float | None = None
+        self._checkpointed = log.arrival_mono  # the first checkpoint comes a second after arrival
         self._observe_gap = owner.metrics.inter_token_observer()
         self.abort_reason: str | None = None
         self.final: RequestOutput | None = None
@@ -122,6 +123,9 @@ class Generation:
                 self._observe_gap(now - self._last_token_mono, n)
             self._last_token_mono = now
             log.completion_tokens += n
+            if now - self._checkpointed >= CHECKPOINT_S and not out.finished:
+                self._checkpointed = now
+                self._owner.ledger.checkpoint(log, now)
         if self._text is not None and out.text:
             self._text.append(out.text)
         if out.finished:

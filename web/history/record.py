@@ -37,6 +37,17 @@ MARK_RUNNING = (
     )
 )
 
+# A running request's progress, so that a crash leaves a row that charges what was streamed: tokens so far, and
+# e2e_s as the time of this checkpoint (the recovery takes it as the row's finish).
+CHECKPOINT = (
+    update(_requests)
+    .where(_requests.c.id == bindparam("rid"), _requests.c.status.in_(("queued", "running")))
+    .values(
+        completion_tokens=bindparam("tokens", type_=_requests.c.completion_tokens.type),
+        e2e_s=bindparam("at", type_=_requests.c.e2e_s.type),
+    )
+)
+
 TERMINAL = ("finished", "cancelled", "rejected", "failed", "interrupted")
 STATUSES = ("queued", "running", *TERMINAL)
 

@@ -45,11 +45,12 @@ export function explain(err) {
   if (err.type === "insufficient_quota" || err.code === "insufficient_quota") {
     const reset = /resets at ([^.;]+UTC)/.exec(err.message);
     const when = reset ? ` Your quota resets at ${reset[1]}.` : "";
-    return `Your token quota is used up for now.${when}${later} A smaller max tokens setting may still fit.`;
+    return `Your token quota is used up for now: what is left does not cover this conversation.${when}${later} A new chat (a shorter prompt) may still fit.`;
   }
   if (err.status === 429) return `Too many requests at once with this key.${later || " Wait for one to finish."}`;
   if (err.status === 503) {
     if (err.code === "not_ready") return `The model is still starting up.${later}`;
+    if (err.code === "engine_unavailable") return `The engine stopped and is restarting by itself.${later}`;
     return `The server is overloaded right now.${later}`;
   }
   if (err.status === 400 || err.status === 413) return `The request was refused: ${err.message}`;
