@@ -277,15 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags()
     plan = variants(args.appliance, flags)
     vllm_dtypes = [d.strip() for d in args.vllm_dtypes.split(",") if d.strip()]
-    spec = WorkloadSpec(
-        num_requests=args.requests,
-        rate=args.rate,
-        prompt_median=args.prompt_median,
-        output_median=args.output_median,
-        output_max=args.output_max,
-        sigma=args.sigma,
-        seed=args.seed,
-    )
+    spec = WorkloadSpec.from_options(args)
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores, flags: {describe(flags)}")
     print(
         f"workload: {spec.num_requests} streamed chat requests, Poisson {spec.rate}/s, prompt median "

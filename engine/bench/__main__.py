@@ -86,15 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"loading {config.model} ({config.quantization}) …", file=sys.stderr)
     loaded = load_model(config, lambda what: print(f"  {what}", file=sys.stderr), attn_implementation=ATTENTION_NAME)
-    spec = WorkloadSpec(
-        num_requests=args.requests,
-        rate=args.rate,
-        prompt_median=args.prompt_median,
-        output_median=args.output_median,
-        output_max=args.output_max,
-        sigma=args.sigma,
-        seed=args.seed,
-    )
+    spec = WorkloadSpec.from_options(args)
     workload = make_workload(spec, len(loaded.tokenizer))
     results: list[RunResult] = []
     # transformers' CB gets the same KV pool as ours, in blocks of the same size.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from dataclasses import dataclass
@@ -24,6 +25,19 @@ class WorkloadSpec:
     output_max: int = 256
     sigma: float = 0.8  # lognormal spread: a long tail of big requests
     seed: int = 0
+
+    @classmethod
+    def from_options(cls, args: argparse.Namespace) -> WorkloadSpec:
+        """From a benchmark command's options of the same names (--requests, --rate, --prompt-median, ...)."""
+        return cls(
+            num_requests=args.requests,
+            rate=args.rate,
+            prompt_median=args.prompt_median,
+            output_median=args.output_median,
+            output_max=args.output_max,
+            sigma=args.sigma,
+            seed=args.seed,
+        )
 
 
 def make_workload(spec: WorkloadSpec, vocab_size: int, first_token_id: int = 100) -> list[BenchRequest]:
