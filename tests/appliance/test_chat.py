@@ -170,7 +170,10 @@ def test_ctrl_c_stops_the_reply_and_not_the_program(chat: Any, server: Server) -
     assert row["status"] == "cancelled" and row["completion_tokens"] < 1500, row
     terminal.type("/help\r")
     terminal.expect("/reset")
-    terminal.type("\x04")  # Ctrl-D on an empty line leaves
+    # Ctrl-D on an empty line leaves; typed only at the prompt, once readline reads the terminal raw (an EOF sent
+    # before it does is a line-discipline event that the switch to raw mode loses).
+    terminal.expect(">>> ")
+    terminal.type("\x04")
     assert terminal.wait() == 0
 
 
