@@ -17,7 +17,7 @@ from engine.errors import (
     QueueFullError,
 )
 from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.tenant import Tenant
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ __all__ = [
     "EngineDeadError",
     "EngineError",
     "EngineStats",
+    "GuidedDecoding",
     "InvalidRequestError",
     "Logprob",
     "ModelInfo",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from engine.errors import InvalidRequestError
@@ -13,6 +15,16 @@ MAX_LOGPROBS = 20
 # top_k above the vocabulary means "no cut" (the sampler clamps it), so int64 is its only bound.
 INT64_MAX = 2**63 - 1
 SEED_RANGE = (-(2**63), 2**64 - 1)
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI's API allows
+MAX_REPETITION_PENALTY = 10.0  # vLLM takes any positive value; past this every seen token is all but banned
+
+
+class GuidedDecoding(msgspec.Struct, frozen=True, kw_only=True):
+    """A constraint on the output, enforced token by token: `json_object` (any JSON object) or `json_schema`
+    (`schema` is the JSON Schema as JSON text: a string key for the compiled-grammar cache)."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: str = ""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +39,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's: over prompt and output tokens, divides positive logits
+    presence_penalty: float = 0.0  # OpenAI's: over the tokens generated so far
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    guided: GuidedDecoding | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not 1 <= self.max_tokens <= INT64_MAX:
@@ -50,6 +68,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidRequestError("stop_token_ids must be non-negative token ids", "stop_token_ids")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be between 0 and {MAX_LOGPROBS}", "logprobs")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be between 0 and 1, not {self.min_p}", "min_p")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], not {self.repetition_penalty}",
+                "repetition_penalty",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be between -2 and 2, not {value}", name)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+        for token, bias in self.logit_bias:
+            if not 0 <= token <= INT64_MAX or not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError("logit_bias maps token ids to biases between -100 and 100", "logit_bias")
 
     @property
     def greedy(self) -> bool:
