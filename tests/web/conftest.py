@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ ADMIN_PASSWORD = "admin-password-for-tests"
 METRICS_TOKEN = "metrics-token-for-tests"
 ADMIN = {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_PASSWORD}".encode()).decode()}
 MODEL = "fake-model"
+_LOGIN_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 def web_config(db_path: Path, **overrides: Any) -> WebConfig:
@@ -177,3 +179,13 @@ def assert_openai_error(response: Any, status: int, code: str | None = None, par
     if param is not None:
         assert error["param"] == param, error
     return error
+
+
+async def sign_in(http: Any) -> None:
+    """Into the console through its login form, as a browser does; the client keeps the session cookie."""
+    page = await http.get("/admin/login")
+    token = _LOGIN_TOKEN.search(page.text)
+    assert token, page.text
+    form = {"username": "admin", "password": ADMIN_PASSWORD, "csrf_token": token.group(1), "next": "/admin"}
+    signed_in = await http.post("/admin/login", data=form, follow_redirects=False)
+    assert signed_in.status_code == 303, signed_in.text

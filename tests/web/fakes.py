@@ -19,6 +19,7 @@ from engine import (
     RequestOutput,
     SamplingParams,
     Tenant,
+    TenantStats,
     Timings,
     Usage,
 )
@@ -67,6 +68,7 @@ class FakeEngineClient:
         self.closed_early: list[str] = []
         self.generated: dict[str, int] = {}
         self.tenants: dict[str, Tenant | None] = {}  # request id -> the tenant it was queued for
+        self.tenant_stats: list[TenantStats] = []  # what stats() reports of the busy tenants
         # A queue in front of the seats: each request waits queue_wait seconds with queue_ahead requests before it.
         self.queue_wait = 0.0
         self.queue_ahead = 0
@@ -127,7 +129,7 @@ class FakeEngineClient:
             device_memory_free=1 << 29, preemptions_total=3, prefix_cache_queries=10, prefix_cache_hits=4,
             prompt_tokens_total=100, generation_tokens_total=total, requests_finished_total=len(self.generated),
             steps_total=10, recent_queue_wait=[0.01, 0.02], recent_ttft=[0.05], recent_tpot=[0.01],
-            time=time.monotonic(),
+            time=time.monotonic(), tenants=self.tenant_stats,
         )  # fmt: skip
 
     async def generate(

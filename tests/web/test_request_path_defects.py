@@ -5,14 +5,12 @@ stream_options are judged as OpenAI and vLLM do, and a prompt far past the conte
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 from typing import Any
 
 from engine import RequestOutput, Timings
 from tests.web.conftest import (
     ADMIN,
-    ADMIN_PASSWORD,
     METRICS_TOKEN,
     MODEL,
     InLoop,
@@ -20,12 +18,11 @@ from tests.web.conftest import (
     bearer,
     new_key,
     rows,
+    sign_in,
 )
 from tests.web.fakes import FakeTokenizer
 from tests.web.test_lifecycle import CHAT, call_then_disconnect
 from web.openai.service import MAX_CHARS_PER_TOKEN
-
-_LOGIN_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
 async def test_a_stream_cancelled_after_its_first_token_keeps_its_queue_wait(
@@ -48,16 +45,6 @@ def test_a_merged_delta_keeps_the_first_deltas_timings() -> None:
     assert first.timings == Timings(1.0, 2.0, 3.0, None)
 
 
-async def _sign_in(http: Any) -> None:
-    """Through the console's login form, as a browser does; the client keeps the session cookie."""
-    page = await http.get("/admin/login")
-    token = _LOGIN_TOKEN.search(page.text)
-    assert token, page.text
-    form = {"username": "admin", "password": ADMIN_PASSWORD, "csrf_token": token.group(1), "next": "/admin"}
-    signed_in = await http.post("/admin/login", data=form, follow_redirects=False)
-    assert signed_in.status_code == 303, signed_in.text
-
-
 async def _engine_state(http: Any) -> str:
     """The dashboard's engine-state partial, as htmx polls it."""
     response = await http.get("/admin", headers={"HX-Request": "true", "HX-Target": "engine-state"})
@@ -78,7 +65,7 @@ async def test_an_engine_crash_is_named_to_clients_the_console_stats_and_metrics
                                                   headers=bearer(key)), 503, "engine_unavailable")  # fmt: skip
     assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in refused["message"]
     assert_openai_error(await http.get("/ready"), 503, "engine_unavailable")
-    await _sign_in(http)
+    await sign_in(http)
     fragment = await _engine_state(http)
     assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in fragment
     assert 'data-state="loading"' not in fragment

@@ -17,8 +17,9 @@ from web.console.diagnosis import diagnose
 from web.console.live import engine_state, live_view
 from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render, wanted_partial
 from web.console.samples import WINDOWS, Bucket, Window, buckets
+from web.console.tenants import key_shares, seat_holder
 
-PARTIALS = ("engine-state", "memory", "engine-counters", "diagnosis", "charts")
+PARTIALS = ("engine-state", "memory", "engine-counters", "key-shares", "diagnosis", "charts")
 
 
 def _aligned(rows: list[Bucket], window: Window) -> tuple[list[float], list[Bucket | None]]:
@@ -77,6 +78,7 @@ async def dashboard(
     gate: deps.Gate,
     inflight: deps.InFlight,
     sessions: deps.Sessions,
+    keys: deps.Keys,
     window: FromQuery[str] = "1h",
 ) -> HTMXTemplate:
     partial = wanted_partial(request, PARTIALS)
@@ -86,11 +88,17 @@ async def dashboard(
     if partial != "engine-state":
         owns_throughput = partial in (None, "engine-counters")
         context["live"] = live_view(gate.client.stats(), len(inflight), console.throughput if owns_throughput else None)
+    if partial in (None, "key-shares", "diagnosis", "charts"):
+        stats = context["live"].stats
+        context["shares"] = key_shares(stats, await keys.names() if stats and stats.tenants else {})
     if partial in (None, "charts", "diagnosis"):
         rows, kind = await buckets(sessions, chosen)
         live = context["live"]
         kind = kind or live.memory_kind
         context["charts"] = build_charts(rows, chosen, kind, time.time())
         waiting = live.stats.waiting if live.stats else 0
-        context["diagnosis"] = diagnose(state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label)
+        holder = seat_holder(context["shares"])
+        context["diagnosis"] = diagnose(
+            state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label, holder
+        )
     return render("console/dashboard.html", context, partial=partial)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from web.console.samples import Bucket
+from web.console.tenants import SeatHolder, holder_detail, holder_levers
 
 KV_FULL = 0.90  # above this the scheduler is short of free blocks for new requests
 
@@ -59,25 +60,32 @@ def diagnose(
     memory_kind: str,
     window: Sequence[Bucket],
     window_label: str,
+    holder: SeatHolder | None = None,
 ) -> Diagnosis:
+    """`holder`: the key holding most seats while other keys wait, named first when anything waits."""
     if state in ("down", "loading", "draining"):
         return Diagnosis("down", f"The engine is {state}.", [reason])
     detail, waited_full = _window_detail(window, window_label)
     details = [detail] if detail else []
+    who, who_levers = ([holder_detail(holder)], holder_levers(holder)) if holder and waiting > 0 else ([], [])
     kv = kv_usage or 0.0
     if waiting > 0 and kv >= KV_FULL:
         return Diagnosis(
             "memory",
             f"Memory is the limit: {waiting} request(s) wait while the KV cache is {kv:.0%} full.",
-            ["The batch cannot take more requests until running ones finish and free their KV blocks.", *details],
-            memory_levers(memory_kind),
+            [*who, "The batch cannot take more requests until running ones finish and free their KV blocks.", *details],
+            [*who_levers, *memory_levers(memory_kind)],
         )
     if waiting > 0:
         return Diagnosis(
             "compute",
             f"Compute bound: {waiting} request(s) wait although the KV cache has room ({kv:.0%} used).",
-            ["The batch is as large as the scheduler allows; each step takes as long as the hardware needs.", *details],
-            COMPUTE_LEVERS,
+            [
+                *who,
+                "The batch is as large as the scheduler allows; each step takes as long as the hardware needs.",
+                *details,
+            ],
+            [*who_levers, *COMPUTE_LEVERS],
         )
     return Diagnosis(
         "healthy",
