@@ -16,6 +16,7 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
+from engine.guided import validate_guided
 from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
 from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.tenant import Tenant
@@ -58,4 +59,5 @@ __all__ = [
     "TenantStats",
     "Timings",
     "Usage",
+    "validate_guided",
 ]
