@@ -125,6 +125,12 @@ class EngineCore:
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
+        # The sampler indexes the logits with these ids: refused here, so no request can crash a step.
+        bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"logit_bias token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "logit_bias"
+            )
         req = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),

@@ -90,7 +90,7 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> SampleResult:
         params = [s.request.params for s in sampling]
         generators = [self._generator(s) for s in sampling]
-        return sample(logits, params, generators)
+        return sample(logits, params, generators, [s.request for s in sampling])
 
     def _generator(self, s: ScheduledRequest) -> torch.Generator | None:
         seed = s.request.params.seed

@@ -1,4 +1,5 @@
-"""Turns a step's logits into next tokens: greedy, temperature, top-k, top-p, per-request seeds, logprobs."""
+"""Turns a step's logits into next tokens: logit_bias and penalties (engine.penalties), greedy, temperature,
+min_p, top-k, top-p (vLLM's order), per-request seeds, logprobs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.penalties import TokenHistory, adjusts_logits, apply_penalties
 from engine.sampling_params import SamplingParams
 
 
@@ -30,33 +32,75 @@ def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    histories: Sequence[TokenHistory] | None = None,
 ) -> SampleResult:
-    """logits [N, V]; params and generators one per row. A row with a generator draws only from it, so a
-    seeded request samples the same tokens whatever else shares its batch."""
+    """logits [N, V]; params, generators and histories (the rows' token ids, read only by rows with penalties)
+    one per row. A row with a generator draws only from it, so a seeded request samples the same tokens
+    whatever else shares its batch. Logprobs come from the raw model logits, before any knob (as vLLM's
+    default): they say what the model thought, not what the knobs made of it."""
     logits = logits.float()
     n = logits.shape[0]
-    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
     token_ids = torch.empty(n, dtype=torch.long, device=logits.device)
-    if greedy_rows:
-        idx = _index(greedy_rows, n, logits.device)
+    # Greedy rows without knobs: argmax over the raw logits, no extra tensor.
+    plain = [i for i, p in enumerate(params) if p.greedy and not adjusts_logits(p)]
+    if plain:
+        idx = _index(plain, n, logits.device)
         token_ids[idx] = _argmax(logits[idx])
-    random_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if random_rows:
-        idx = _index(random_rows, n, logits.device)
-        probs = _probabilities(logits[idx], [params[i] for i in random_rows])
-        unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]
-        if unseeded:
-            rows = torch.tensor(unseeded, device=logits.device)
-            drawn = torch.multinomial(probs[rows], 1).squeeze(1)
-            token_ids[torch.tensor([random_rows[j] for j in unseeded], device=logits.device)] = drawn
-        for j, i in enumerate(random_rows):
-            gen = generators[i]
-            if gen is not None:
-                # multinomial on the generator's device; CPU generators draw on CPU probabilities.
-                row = probs[j].to(gen.device)
-                token_ids[i] = torch.multinomial(row, 1, generator=gen).item()
+    rest = [i for i, p in enumerate(params) if not p.greedy or adjusts_logits(p)]
+    if rest:
+        rows = _adjusted(logits[_index(rest, n, logits.device)], [params[i] for i in rest], rest, histories)
+        greedy = [j for j, i in enumerate(rest) if params[i].greedy]
+        if greedy:
+            picked = _argmax(rows[_index(greedy, len(rest), logits.device)])
+            token_ids[torch.tensor([rest[j] for j in greedy], device=logits.device)] = picked
+        random = [j for j, i in enumerate(rest) if not params[i].greedy]
+        if random:
+            probs = _probabilities(rows[_index(random, len(rest), logits.device)], [params[rest[j]] for j in random])
+            _draw(probs, [rest[j] for j in random], generators, token_ids)
     ids = token_ids.tolist()
     return SampleResult(ids, _logprobs(logits, params, ids))
+
+
+def _adjusted(
+    rows: torch.Tensor,
+    params: list[SamplingParams],
+    row_ids: list[int],
+    histories: Sequence[TokenHistory] | None,
+) -> torch.Tensor:
+    """rows with logit_bias and the penalties applied where a row sets them; never writes into `rows`, which
+    may be a view of the model's logits."""
+    knobbed = [j for j, p in enumerate(params) if adjusts_logits(p)]
+    if not knobbed:
+        return rows
+    if histories is None:
+        raise ValueError("logit_bias and penalties need the rows' token histories")
+    idx = torch.tensor(knobbed, device=rows.device)
+    changed = rows[idx]  # a copy: indexing with a tensor
+    apply_penalties(changed, [params[j] for j in knobbed], [histories[row_ids[j]] for j in knobbed])
+    if len(knobbed) == len(params):
+        return changed
+    return rows.index_copy(0, idx, changed)
+
+
+def _draw(
+    probs: torch.Tensor,
+    row_ids: list[int],
+    generators: Sequence[torch.Generator | None],
+    token_ids: torch.Tensor,
+) -> None:
+    """One draw per row of probs into token_ids[row_ids[j]]: unseeded rows together, seeded rows each from its
+    own generator."""
+    device = probs.device
+    unseeded = [j for j, i in enumerate(row_ids) if generators[i] is None]
+    if unseeded:
+        drawn = torch.multinomial(probs[torch.tensor(unseeded, device=device)], 1).squeeze(1)
+        token_ids[torch.tensor([row_ids[j] for j in unseeded], device=device)] = drawn
+    for j, i in enumerate(row_ids):
+        gen = generators[i]
+        if gen is not None:
+            # multinomial on the generator's device; CPU generators draw on CPU probabilities.
+            row = probs[j].to(gen.device)
+            token_ids[i] = torch.multinomial(row, 1, generator=gen).item()
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:
@@ -76,6 +120,13 @@ def _index(rows: list[int], n: int, device: torch.device) -> slice | torch.Tenso
 def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
     logits = logits / temps
+    min_ps = [p.min_p for p in params]
+    if any(m > 0.0 for m in min_ps):
+        # vLLM's min_p, after temperature and before top-k/top-p: drop tokens less likely than min_p times the
+        # likeliest one.
+        probs = logits.softmax(dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_ps, device=logits.device).unsqueeze(1)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
         vocab = logits.shape[1]
