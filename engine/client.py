@@ -34,6 +34,7 @@ from engine.messages import (
     AddRequest,
     EngineStats,
     FromCore,
+    Loading,
     ModelInfo,
     QueuePosition,
     Ready,
@@ -141,6 +142,7 @@ class AsyncEngineClient:
         self.tokenizer: Any = None
         self.restarts = 0
         self.last_error: str | None = None
+        self.load_step: str | None = None  # while loading: the load's latest progress line
         self._stats: EngineStats | None = None
         self.last_heartbeat = 0.0  # monotonic time of the engine's latest message: it sends one at least every second
         self._collectors: dict[str, _Collector] = {}
@@ -161,6 +163,7 @@ class AsyncEngineClient:
         self._generation += 1
         generation = self._generation
         self.state = "loading"
+        self.load_step = None
         from engine.process import run_engine_process  # torch loads in the engine process, not on import here
 
         ctx = mp.get_context("spawn")
@@ -336,7 +339,10 @@ class AsyncEngineClient:
             collector = self._collectors.get(msg.request_id)
             if collector is not None:
                 collector.fail(_rejection(msg))
+        elif isinstance(msg, Loading):
+            self.load_step = msg.step
         elif isinstance(msg, Ready):
+            self.load_step = None
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg.info)
         elif isinstance(msg, StartFailed):

@@ -163,6 +163,12 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
 # -- core -> client ---------------------------------------------------------------------------------------
 
 
+class Loading(msgspec.Struct, tag="loading"):
+    """What the loading engine is doing now: each progress line of the load, as the log has it."""
+
+    step: str
+
+
 class Ready(msgspec.Struct, tag="ready"):
     info: ModelInfo
 
@@ -186,4 +192,4 @@ class StepOutputs(msgspec.Struct, tag="outputs"):
 
 
 ToCore = AddRequest | AbortRequests | Shutdown
-FromCore = Ready | StartFailed | Rejected | StepOutputs
+FromCore = Loading | Ready | StartFailed | Rejected | StepOutputs

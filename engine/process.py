@@ -5,8 +5,10 @@ The HTTP server never shares a GIL with the model, and a crash here cannot take 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -20,6 +22,7 @@ from engine.messages import (
     AbortRequests,
     AddRequest,
     FromCore,
+    Loading,
     ModelInfo,
     Ready,
     Rejected,
@@ -44,11 +47,22 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
     encoder = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(ToCore)
 
+    sending = threading.Lock()  # while loading, progress also comes from the heartbeat thread
+
     def send(msg: FromCore) -> None:
-        outbox.send_bytes(encoder.encode(msg))
+        data = encoder.encode(msg)
+        with sending:
+            outbox.send_bytes(data)
+
+    def progress(step: str) -> None:
+        log.info("%s", step)
+        # /ready, systemd's STATUS and the console say it too, not only the log. A client gone: the load goes on
+        # and the serving loop then meets EOF.
+        with contextlib.suppress(OSError):
+            send(Loading(step))
 
     try:
-        core = EngineCore(config, progress=lambda what: log.info("%s", what))
+        core = EngineCore(config, progress=progress)
         core.warm_up()
     except Exception as exc:  # any start-up failure is reported, then the process ends
         log.exception("engine failed to start")

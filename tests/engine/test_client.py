@@ -105,3 +105,25 @@ async def test_a_hung_engine_is_told_apart_by_its_silent_heartbeat(client: Async
     finally:
         os.kill(client.pid, signal.SIGCONT)
     await wait_for(lambda: client.healthy(max_silence=2.0), 10)
+
+
+async def test_the_loads_progress_reaches_the_client_while_it_loads() -> None:
+    """Issue 16: the load's progress lines are what /ready, systemd's STATUS and the console say while loading."""
+    c = AsyncEngineClient(CONFIG, auto_restart=False)
+    seen: list[str] = []
+
+    async def watch() -> None:
+        while c.state != "ready":
+            if c.load_step is not None and (not seen or seen[-1] != c.load_step):
+                seen.append(c.load_step)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await c.start()
+        await asyncio.wait_for(watcher, 5)
+        assert "sizing the KV cache" in seen, seen
+        assert c.load_step is None  # ready: no load step to report any more
+    finally:
+        watcher.cancel()
+        await c.shutdown()

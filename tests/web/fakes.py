@@ -61,6 +61,7 @@ class FakeEngineClient:
         self.model_info: ModelInfo | None = None
         self.tokenizer: Any = FakeTokenizer()
         self.last_error: str | None = None
+        self.load_step: str | None = None
         self.restarts = 0
         self.reject_next: str | None = None  # "queue_full" or "invalid": refuse the next request
         self.requests: list[tuple[str, list[int], SamplingParams]] = []

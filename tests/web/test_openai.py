@@ -231,3 +231,6 @@ async def test_loading_engine_is_503_and_not_ready(db_path: Path) -> None:
         response = await post(loading, key, "/v1/chat/completions", CHAT)
         assert "loading" in assert_openai_error(response, 503, "not_ready")["message"]
         assert "retry-after" in response.headers
+        fake.load_step = "loading weights: 40% (2/5, 00:03 elapsed)"  # the load's latest progress line
+        ready = assert_openai_error(await loading.get("/ready"), 503, "not_ready")
+        assert "loading: loading weights: 40% (2/5" in ready["message"]

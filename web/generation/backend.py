@@ -13,6 +13,7 @@ class EngineClient(Protocol):
     model_info: ModelInfo | None
     tokenizer: Any
     last_error: str | None
+    load_step: str | None  # while loading: what the load is doing now (its latest progress line)
     restarts: int  # restarts after a crash, each attempt counted
 
     async def start(self) -> ModelInfo: ...

@@ -39,7 +39,8 @@ class EngineGate:
         if self.crashed:
             return False, self.crash_report()
         if state == "loading":
-            return False, "loading: the model is being loaded and warmed up"
+            step = self.client.load_step
+            return False, f"loading: {step}" if step else "loading: the model is being loaded and warmed up"
         detail = self.client.last_error
         return False, f"engine {state}" + (f": {detail}" if detail else "")
 
