@@ -141,8 +141,9 @@ class NamedReader:
             text = text.lstrip()
             if not text:
                 return
-            self._index = out.call(self._name, "")
-        out.more_arguments(self._index, text)
+            self._index = out.call(self._name, text)
+        else:
+            out.more_arguments(self._index, text)
 
     def finish(self, out: EventSink) -> None:
         return None

@@ -24,6 +24,7 @@ class ToolSpec:
     name: str
     description: str | None
     parameters: Mapping[str, Any]
+    schema_param: str = "tools"  # the body's field holding `parameters`, for errors: "tools[2].function.parameters"
 
     def as_openai(self) -> dict[str, Any]:
         """The shape chat templates take in `tools=` (transformers documents OpenAI's)."""
@@ -68,28 +69,29 @@ def new_call_id(prefix: str = "call_") -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def tool_spec(name: str, description: str | None, parameters: Mapping[str, Any] | None, param: str) -> ToolSpec:
-    """A ToolSpec from either API's fields, refused (naming `param`, e.g. "tools[2]") when its name is not a
-    function name or its parameters are not an object schema."""
+def tool_spec(
+    name: str, description: str | None, parameters: Mapping[str, Any] | None, name_param: str, schema_param: str
+) -> ToolSpec:
+    """A ToolSpec from either API's fields, refused (naming the body's fields, e.g. "tools[2].function.name")
+    when its name is not a function name or its parameters are not an object schema. The schema's own validity
+    is the grammar compiler's to judge (constraint()), when a forced choice needs it."""
     if not NAME.match(name):
-        raise InvalidRequest(
-            f"{param}: the function name must be 1 to 64 letters, digits, '_' or '-'", param=f"{param}.name"
-        )
+        raise InvalidRequest(f"{name_param}: a function name is 1 to 64 letters, digits, '_' or '-'", param=name_param)
     schema = EMPTY_PARAMETERS if parameters is None else parameters
     kind = schema.get("type", "object")
     if kind != "object":
         raise InvalidRequest(
-            f"{param}: the parameters schema must describe a JSON object (type 'object'), not {json.dumps(kind)}",
-            param=param,
+            f"{schema_param} must describe a JSON object (type 'object'), not {json.dumps(kind)[:64]}",
+            param=schema_param,
         )
-    return ToolSpec(name, description, schema)
+    return ToolSpec(name, description, schema, schema_param)
 
 
-def check_unique(tools: Sequence[ToolSpec], param: str = "tools") -> None:
+def check_unique(tools: Sequence[ToolSpec]) -> None:
     seen: set[str] = set()
-    for i, tool in enumerate(tools):
+    for tool in tools:
         if tool.name in seen:
-            raise InvalidRequest(f"{param}[{i}]: a second function named '{tool.name}'", param=f"{param}[{i}].name")
+            raise InvalidRequest(f"a second function named '{tool.name}' in tools", param=tool.schema_param)
         seen.add(tool.name)
 
 
