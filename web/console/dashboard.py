@@ -12,6 +12,7 @@ from litestar.plugins.htmx import HTMXRequest, HTMXTemplate
 
 from web import deps
 from web.console.auth import Console, page_context
+from web.console.capacity import capacity, typical_chat_tokens
 from web.console.charts import Chart, line_chart
 from web.console.diagnosis import diagnose
 from web.console.live import engine_state, live_view
@@ -88,6 +89,9 @@ async def dashboard(
     if partial != "engine-state":
         owns_throughput = partial in (None, "engine-counters")
         context["live"] = live_view(gate.client.stats(), len(inflight), console.throughput if owns_throughput else None)
+    if partial in (None, "engine-counters"):
+        stats = context["live"].stats
+        context["capacity"] = capacity(stats, await typical_chat_tokens(sessions) if stats else None)
     if partial in (None, "key-shares", "diagnosis", "charts"):
         stats = context["live"].stats
         context["shares"] = key_shares(stats, await keys.names() if stats and stats.tenants else {})

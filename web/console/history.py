@@ -153,7 +153,7 @@ async def history_csv(
     if filters.errors:  # an export of other rows than asked for would pass for the one asked for
         raise InvalidRequest("; ".join(filters.errors))
     now = utcnow()
-    # Rows arriving during the export would shift the pages; the export ends at the moment it started.
+    # The export ends at the moment it started: rows arriving meanwhile belong to the next one.
     query = filters.query
     until_at = min(query.until, now) if query.until is not None else now
     bounded = HistoryFilter(query.key_id, query.status, query.since, until_at)
@@ -163,19 +163,15 @@ async def history_csv(
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(CSV_COLUMNS)
-        offset = 0
-        while True:
-            rows, _ = await history.list(bounded, CSV_CHUNK, offset)
+        yield buffer.getvalue()
+        async for rows in history.export(bounded, CSV_CHUNK):
+            buffer.seek(0)
+            buffer.truncate()
             for row in rows:
                 view = request_view(row)
                 name = names.get(view.key_id) if view.key_id is not None else None
                 writer.writerow([csv_cell(name), *(csv_cell(getattr(view, f)) for f in RequestView.__struct_fields__)])
             yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-            if len(rows) < CSV_CHUNK:
-                return
-            offset += CSV_CHUNK
 
     stamp = now.strftime("%Y%m%d-%H%M%S")
     return Stream(

@@ -3,10 +3,12 @@ period. Rows are written by the ledger (web/ledger.py), which keeps them togethe
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import NotFound
@@ -19,6 +21,24 @@ class HistoryFilter:
     status: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+
+
+# The history's one order: newest first, the id breaking ties, so pages and exports never skip or repeat a row.
+NEWEST_FIRST = (RequestRecord.arrival_at.desc(), RequestRecord.id)
+Rows = list[RequestRecord]  # named outside the class, whose `list` method would shadow the builtin
+
+
+def _conditions(filters: HistoryFilter) -> list[Any]:
+    conditions: list[Any] = []
+    if filters.key_id is not None:
+        conditions.append(RequestRecord.key_id == filters.key_id)
+    if filters.status is not None:
+        conditions.append(RequestRecord.status == filters.status)
+    if filters.since is not None:
+        conditions.append(RequestRecord.arrival_at >= filters.since)
+    if filters.until is not None:
+        conditions.append(RequestRecord.arrival_at < filters.until)
+    return conditions
 
 
 class HistoryService:
@@ -41,25 +61,34 @@ class HistoryService:
     # -- queries for the admin API ---------------------------------------------------------------------
 
     async def list(self, filters: HistoryFilter, limit: int, offset: int) -> tuple[list[RequestRecord], int]:
-        conditions = []
-        if filters.key_id is not None:
-            conditions.append(RequestRecord.key_id == filters.key_id)
-        if filters.status is not None:
-            conditions.append(RequestRecord.status == filters.status)
-        if filters.since is not None:
-            conditions.append(RequestRecord.arrival_at >= filters.since)
-        if filters.until is not None:
-            conditions.append(RequestRecord.arrival_at < filters.until)
+        conditions = _conditions(filters)
         async with self.sessions() as session:
             total = await session.scalar(select(func.count()).select_from(RequestRecord).where(*conditions))
             rows = await session.scalars(
-                select(RequestRecord)
-                .where(*conditions)
-                .order_by(RequestRecord.arrival_at.desc(), RequestRecord.id)
-                .limit(limit)
-                .offset(offset)
+                select(RequestRecord).where(*conditions).order_by(*NEWEST_FIRST).limit(limit).offset(offset)
             )
             return list(rows), int(total or 0)
+
+    async def export(self, filters: HistoryFilter, chunk: int) -> AsyncIterator[Rows]:
+        """Every matching row, newest first, `chunk` rows at a time: each chunk a short query that starts after
+        the last row of the one before (no COUNT, no OFFSET rescanning what was already sent, no transaction
+        held open while the client reads)."""
+        conditions = _conditions(filters)
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = select(RequestRecord).where(*conditions)
+            if after is not None:
+                at, rid = after
+                page = page.where(
+                    or_(RequestRecord.arrival_at < at, and_(RequestRecord.arrival_at == at, RequestRecord.id > rid))
+                )
+            async with self.sessions() as session:
+                rows = list(await session.scalars(page.order_by(*NEWEST_FIRST).limit(chunk)))
+            if rows:
+                yield rows
+            if len(rows) < chunk:
+                return
+            after = (rows[-1].arrival_at, rows[-1].id)
 
     async def get(self, request_id: str) -> RequestRecord:
         async with self.sessions() as session:
