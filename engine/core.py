@@ -160,6 +160,8 @@ class EngineCore:
         for req in advanced:
             token = req.output_token_ids[-1]
             self.tracker.generation_tokens_total += 1
+            if len(req.output_token_ids) == 1:  # its prefill just ended: prompt tokens count now, as vLLM's do
+                self.tracker.prompt_tokens_total += req.num_prompt_tokens
             detok = self._detokenizers[req.request_id]
             delta, stopped = detok.add_tokens([token])
             if stopped:

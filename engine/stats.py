@@ -15,6 +15,9 @@ RECENT = 512
 
 @dataclass(slots=True)
 class StatsTracker:
+    """prompt_tokens_total counts a request's prompt when its prefill ends (EngineCore.step), not when it
+    finishes: a long generation's prompt shows in the prompt-throughput rate while it runs."""
+
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     requests_finished_total: int = 0
@@ -25,7 +28,6 @@ class StatsTracker:
 
     def record_finished(self, req: Request) -> None:
         self.requests_finished_total += 1
-        self.prompt_tokens_total += req.num_prompt_tokens
         if req.scheduled_time is not None:
             self.recent_queue_wait.append(req.scheduled_time - req.arrival_time)
         if req.first_token_time is not None:

@@ -145,3 +145,15 @@ def test_default_model_chat_prompts_match_transformers() -> None:
     got = run(core, iter([requests]))
     for rid, prompt, params in requests:
         assert got[rid] == reference(core, prompt, params.max_tokens, ignore_eos=False)
+
+
+def test_prompt_tokens_count_when_prefill_ends_not_when_the_request_does(tiny_core: EngineCore) -> None:
+    """Issue 16: vLLM's prompt_tokens counter rises as prefills run, so a long generation's prompt shows at once."""
+    before = tiny_core.stats().prompt_tokens_total
+    tiny_core.add_request("prefill-count", list(range(100, 150)), SamplingParams(max_tokens=40, ignore_eos=True))
+    while not any(out.token_ids for out in tiny_core.step()):
+        pass
+    assert tiny_core.stats().prompt_tokens_total == before + 50  # counted at its first token, 39 to go
+    while tiny_core.has_work():
+        tiny_core.step()
+    assert tiny_core.stats().prompt_tokens_total == before + 50  # and not once more when it finished

@@ -241,7 +241,7 @@ def test_refusals_give_back_the_concurrency_slot(storage_fault: StorageFault) ->
 
 @pytest.mark.parametrize("storage_fault", BOTH, indirect=True)
 def test_database_errors_are_counted(storage_fault: StorageFault) -> None:
-    counted = [line for line in storage_fault.metrics().splitlines() if line.startswith("appliance:db_errors_total")]
+    counted = [line for line in storage_fault.metrics().splitlines() if line.startswith("appliance_db_errors_total")]
     assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= 1
 
 

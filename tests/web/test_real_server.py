@@ -143,7 +143,7 @@ def test_http_disconnect_cancels_the_request(server: Server, uncapped_key: str) 
 def test_metrics_on_the_real_engine(server: Server) -> None:
     text = httpx.get(server.url + "/metrics", headers=ADMIN).text
     assert 'vllm:num_requests_running{model_name="random:tiny"}' in text
-    assert "vllm:generation_tokens_total" in text and "appliance:kv_pool_bytes" in text
+    assert "vllm:generation_tokens_total" in text and "appliance_kv_pool_bytes" in text
 
 
 def test_engine_process_death_then_recovery(server: Server, api_key: str, uncapped_key: str) -> None:

@@ -64,9 +64,9 @@ async def test_metrics_content(client: Any) -> None:
         "vllm:generation_tokens_total",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
-        "appliance:model_weights_bytes",
-        "appliance:kv_pool_bytes",
-        "appliance:device_memory_free_bytes",
+        "appliance_model_weights_bytes",
+        "appliance_kv_pool_bytes",
+        "appliance_device_memory_free_bytes",
     ):
         assert name in found, name
     assert found["vllm:kv_cache_usage_perc"][0].value == 0.25
@@ -81,11 +81,11 @@ async def test_metrics_content(client: Any) -> None:
     assert found["vllm:inter_token_latency_seconds_count"][0].value == 8  # 4 intervals in each of 2 streams
     success = {s.labels["finished_reason"]: s.value for s in found["vllm:request_success_total"]}
     assert success == {"stop": 2}
-    quota = {s.name: s for s in found["appliance:key_quota_used_tokens"]}
-    assert found["appliance:key_quota_used_tokens"][0].labels == {"key_id": "1", "key_name": "team"}
-    assert found["appliance:key_quota_used_tokens"][0].value == 2 * 24 and quota
-    assert found["appliance:key_quota_limit_tokens"][0].value == 1000
-    rejected = {s.labels["reason"]: s.value for s in found["appliance:requests_rejected_total"]}
+    quota = {s.name: s for s in found["appliance_key_quota_used_tokens"]}
+    assert found["appliance_key_quota_used_tokens"][0].labels == {"key_id": "1", "key_name": "team"}
+    assert found["appliance_key_quota_used_tokens"][0].value == 2 * 24 and quota
+    assert found["appliance_key_quota_limit_tokens"][0].value == 1000
+    rejected = {s.labels["reason"]: s.value for s in found["appliance_requests_rejected_total"]}
     assert rejected == {"invalid_request_error": 1}
 
 
