@@ -60,6 +60,25 @@ def test_logit_bias_applies_before_the_repetition_penalty() -> None:
     assert adjusted([-1.0, 0.0], params, History(output_token_ids=[0])) == [2.0, 0.0]
 
 
+def test_penalties_of_rows_with_histories_of_any_length_match_each_row_alone() -> None:
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50)
+    params = [
+        SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5),
+        SamplingParams(presence_penalty=1.0, logit_bias=((0, 2.0),)),
+        SamplingParams(repetition_penalty=0.7),
+        SamplingParams(frequency_penalty=-1.0),
+    ]
+    histories = [History([5], []), History([1, 2, 3, 4], [9, 9, 0, 7, 7, 7]), History([], [3]), History()]
+    batch = logits.clone()
+    apply_penalties(batch, params, histories)
+    for i in range(4):
+        alone = logits[i : i + 1].clone()
+        apply_penalties(alone, [params[i]], [histories[i]])
+        assert torch.equal(batch[i], alone[0]), i
+    assert torch.equal(batch[3], logits[3])  # nothing generated, nothing to penalize
+
+
 def draws(logits: list[float], params: SamplingParams, n: int = 3000) -> Counter[int]:
     gen = torch.Generator().manual_seed(7)
     row = torch.tensor([logits])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -23,11 +24,25 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key as OpenAI's clients send it (Authorization: Bearer) or Anthropic's (x-api-key, which wins)."""
+    api_key = headers.get("x-api-key")
+    if api_key is not None:
+        return api_key.strip() or None
+    return bearer_token(headers.get("authorization"))
+
+
 def api_key_guard(keys: KeyService) -> Guard:
     """Authenticate, and note when the request arrived (wall clock and monotonic) for its history row."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         connection.state.arrival = (utcnow(), time.monotonic())
-        connection.state.api_key = await keys.authenticate(bearer_token(connection.headers.get("authorization")))
+        presented = presented_key(connection.headers)
+        if presented is None:
+            raise AuthenticationFailed(
+                "missing API key: send it as 'Authorization: Bearer sk-...' or 'x-api-key: sk-...'",
+                code="missing_api_key",
+            )
+        connection.state.api_key = await keys.authenticate(presented)
 
     return guard

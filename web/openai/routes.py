@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from litestar import Request, Response, Router, get, post
-from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 from litestar.types import Guard
 
 from web import deps
-from web.errors import InvalidRequest, PayloadTooLarge
 from web.generation.disconnect import ClientDisconnected
 from web.generation.gate import EngineGate
+from web.generation.intake import new_log, read_body
 from web.generation.policy import Prepared
 from web.generation.run import Generation, Generations
 from web.history.record import RequestLog
@@ -36,30 +34,6 @@ from web.openai.streaming import (
 )
 
 AnyRequest = Request[Any, Any, Any]
-
-
-def _new_log(request: AnyRequest, endpoint: str, id_prefix: str) -> RequestLog:
-    wall, mono = request.state.arrival
-    client = request.client.host if request.client else None
-    return RequestLog(
-        id=id_prefix + uuid.uuid4().hex,
-        key_id=request.state.api_key.id,
-        model="",
-        endpoint=endpoint,
-        stream=False,
-        arrival_at=wall,
-        arrival_mono=mono,
-        client_addr=client,
-    )
-
-
-async def _read_body(request: AnyRequest) -> bytes:
-    try:
-        return await request.body()
-    except HTTPException as exc:  # Litestar's size limit and framing errors, recorded like any bad input
-        if exc.status_code == 413:
-            raise PayloadTooLarge("the request body is too large") from None
-        raise InvalidRequest(f"the request body could not be read: {exc.detail}") from None
 
 
 Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
@@ -88,9 +62,9 @@ async def _serve(
     """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) -> started on the
     engine -> streamed or collected; the Generation settles the ledger when it closes."""
     key: KeyInfo = request.state.api_key
-    log = _new_log(request, endpoint.name, endpoint.id_prefix)
+    log = new_log(request, endpoint.name, endpoint.id_prefix)
     async with ledger.refusals(log):
-        body = endpoint.decode(await _read_body(request))
+        body = endpoint.decode(await read_body(request))
         log.model, log.stream, log.user = body.model, body.stream, body.user
         gate.check()
         prepared = await prepare(body, key)

@@ -182,6 +182,17 @@ class Prompts:
         text = msgspec.json.encode(messages).decode() if self.store_text else None
         return self._prepared(ids, requested, fields, key, text, "messages")
 
+    async def conversation(
+        self, messages: list[dict[str, Any]], requested: int | None, fields: dict[str, Any], key: KeyInfo
+    ) -> Prepared:
+        """Messages another API normalized to the chat template's shape (each with a text "content"), with their
+        sampling fields in engine terms: the same checks, template and key policy as a chat completion's."""
+        size = sum(len(m["content"]) for m in messages)
+        self._check_chars(size, "messages")
+        ids = await _maybe_in_thread(size, _apply_template, self.client.tokenizer, messages)
+        text = msgspec.json.encode(messages).decode() if self.store_text else None
+        return self._prepared(ids, requested, fields, key, text, "messages")
+
     async def completion(self, body: CompletionRequest, key: KeyInfo) -> Prepared:
         check_model(self.gate, body.model)
         fields = sampling_fields(body)

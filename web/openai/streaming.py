@@ -86,12 +86,15 @@ async def start_stream(
     generation: Generation,
     frames: Callable[[RequestOutput, bool], list[bytes]],
     closing: Callable[[], list[bytes]],
+    error_frame: Callable[[AppError], bytes] = fmt.sse_error,
+    done: bytes = fmt.DONE,
 ) -> Response[Any]:
     """Wait a moment for the first delta, so refusals still get their HTTP status, then stream SSE frames; a
     request still queued by then gets the status 200 and a comment about once a second saying where it stands
     until its first delta (a refusal after that comes in-band, as for an engine that dies mid-stream).
 
-    `frames(out, is_first)` turns a delta into SSE frames; `closing()` gives the frames after the last delta."""
+    `frames(out, is_first)` turns a delta into SSE frames; `closing()` gives the frames after the last delta;
+    `error_frame` and `done` are the API's (OpenAI's by default: an "error" event, then [DONE])."""
     pending = asyncio.ensure_future(generation.first())
 
     async def finish() -> None:
@@ -126,16 +129,16 @@ async def start_stream(
                     yield data
             await generation.close()  # quota settled before [DONE] (or queued while storage is down)
             if generation.final is not None and generation.final.finish_reason == "abort":
-                yield fmt.sse_error(generation.error_for_abort())
+                yield error_frame(generation.error_for_abort())
             else:
-                yield b"".join([*closing(), fmt.DONE])
+                yield b"".join([*closing(), done])
         except AppError as exc:  # the engine died mid-stream: the status line is long gone, say it in-band
-            yield fmt.sse_error(exc)
+            yield error_frame(exc)
         except Exception:
             logger.exception("the stream of request %s failed", generation.request_id)
             error = AppError("internal server error")
             await generation.close("failed", error.message)
-            yield fmt.sse_error(error)
+            yield error_frame(error)
         finally:
             # A disconnect cancels this generator's scope; shield the finalization from that cancellation.
             with anyio.CancelScope(shield=True):

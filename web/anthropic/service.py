@@ -1,0 +1,126 @@
+"""Anthropic request bodies into engine terms: decode and validate, the conversation in the chat template's shape
+(system first, tool results as tool messages, tool_use blocks as the assistant's tool calls), the sampling
+fields, and one Prepared value through the same Prompts as the OpenAI routes. Every refusal names its field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import InvalidRequestError
+from web.anthropic.schemas import (
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from web.errors import InvalidRequest, UnsupportedParameter
+from web.generation.policy import Prepared
+from web.keys.service import KeyInfo
+from web.openai.service import BodyDecoder, Prompts, check_model
+
+decode_messages = BodyDecoder(MessagesRequest)
+decode_count = BodyDecoder(CountTokensRequest)
+# The engine names its fields as SamplingParams does; the client reads Anthropic's names.
+_FIELD_NAMES = {"stop": "stop_sequences"}
+
+
+def conversation(body: CountTokensRequest) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them; a tool_result must answer an earlier tool_use."""
+    out: list[dict[str, Any]] = []
+    system = body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system or ())
+    if system:
+        out.append({"role": "system", "content": system})
+    calls: set[str] = set()
+    for i, message in enumerate(body.messages):
+        out.extend(_turn(message, i, calls))
+    return out
+
+
+def _turn(message: Message, i: int, calls: set[str]) -> list[dict[str, Any]]:
+    """One message's template messages: its tool results first (they answer the turn before), then its text."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(message.content):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ImageBlock | DocumentBlock):
+            raise _text_only(block, where)
+        elif isinstance(block, ToolUseBlock):
+            _check_role(message, "assistant", "tool_use", where)
+            calls.add(block.id)
+            function = {"name": block.name, "arguments": block.input}
+            tool_calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ToolResultBlock):
+            _check_role(message, "user", "tool_result", where)
+            if block.tool_use_id not in calls:
+                raise InvalidRequest(
+                    f"tool_result {block.tool_use_id!r} answers no earlier tool_use block",
+                    param=f"{where}.tool_use_id",
+                )
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block, where)})
+        # thinking blocks replay another model's reasoning: this model has none to continue, so they are dropped
+    text = "\n".join(texts)
+    if message.role == "assistant":
+        said: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            said["tool_calls"] = tool_calls
+        return [said]
+    return results + ([{"role": "user", "content": text}] if text or not results else [])
+
+
+def _check_role(message: Message, role: str, kind: str, where: str) -> None:
+    if message.role != role:
+        raise InvalidRequest(f"{kind} blocks belong in {role} messages", param=f"{where}.type")
+
+
+def _text_only(block: ImageBlock | DocumentBlock, where: str) -> UnsupportedParameter:
+    kind = "image" if isinstance(block, ImageBlock) else "document"
+    return UnsupportedParameter(
+        f"{kind} blocks are not supported: this server's model is a text-only model", param=f"{where}.type"
+    )
+
+
+def _result_text(block: ToolResultBlock, where: str) -> str:
+    if block.content is None or isinstance(block.content, str):
+        text = block.content or ""
+    else:
+        parts = []
+        for k, part in enumerate(block.content):
+            if not isinstance(part, TextBlock):
+                raise _text_only(part, f"{where}.content[{k}]")
+            parts.append(part.text)
+        text = "\n".join(parts)
+    return f"Error: {text}" if block.is_error else text
+
+
+def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
+    """Anthropic's sampling fields in the engine's terms (their limits are the engine's)."""
+    return {
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_k": body.top_k or 0,
+        "stop": tuple(body.stop_sequences or ()),
+    }
+
+
+async def prepare(prompts: Prompts, body: MessagesRequest, key: KeyInfo) -> Prepared:
+    check_model(prompts.gate, body.model)
+    try:
+        return await prompts.conversation(conversation(body), body.max_tokens, sampling_fields(body), key)
+    except InvalidRequestError as exc:  # the engine's own limits on the sampling fields
+        raise InvalidRequest(str(exc), param=_FIELD_NAMES.get(exc.param or "", exc.param)) from None
+
+
+async def count(prompts: Prompts, body: CountTokensRequest, key: KeyInfo) -> int:
+    """The prompt's tokens through the chat template, as /v1/messages would count them (nothing is admitted)."""
+    check_model(prompts.gate, body.model)
+    prepared = await prompts.conversation(conversation(body), None, {}, key)
+    return len(prepared.prompt_ids)
