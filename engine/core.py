@@ -5,8 +5,11 @@ The offline LLM drives it directly; engine.process runs it in its own process be
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,9 +18,20 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, InvalidRequestError
+from engine.guided import GrammarCache, refusal
+from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
 from engine.loader import LoadedModel, load_model
-from engine.messages import QUEUE_SNAPSHOT, EngineStats, Logprob, ModelInfo, RequestOutput, Timings, Usage
+from engine.messages import (
+    QUEUE_SNAPSHOT,
+    EngineStats,
+    Logprob,
+    ModelInfo,
+    Rejected,
+    RequestOutput,
+    Timings,
+    Usage,
+)
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampler import TopLogprobs
@@ -25,6 +39,13 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
 from engine.stats import StatsTracker, device_memory
 from engine.tenant import DEFAULT_TENANT, Tenant
+
+if TYPE_CHECKING:
+    import xgrammar
+
+GRAMMAR_WAIT_S = 0.01  # how long an idle step sleeps on compiling grammars rather than spin the loop
+
+log = logging.getLogger("engine.core")
 
 
 class EngineCore:
@@ -52,8 +73,14 @@ class EngineCore:
             policy=config.policy,
         )
         self.scheduler = Scheduler(limits, self.blocks)
-        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device)
         self.eos_token_ids = frozenset(self.loaded.eos_token_ids)
+        # The bitmask spans the logits, which can be wider than the tokenizer (padded embeddings).
+        logits_width = self.loaded.model.config.get_text_config().vocab_size
+        self.grammars = GrammarCache(self.tokenizer, logits_width, sorted(self.eos_token_ids))
+        self.guided = GuidedBatch(self.grammars, config.max_num_seqs)
+        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided)
+        self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
+        self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.tracker = StatsTracker()
@@ -139,16 +166,52 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             tenant=tenant or DEFAULT_TENANT,
         )
-        self.scheduler.add_request(req)
+        grammar = self.grammars.get(params.guided) if params.guided is not None else None
+        error = refusal(grammar) if grammar is not None and grammar.done() else None
+        if error is not None:
+            raise error
+        # A grammar still compiling holds its request out of the queue; every other request keeps stepping.
+        held = grammar is not None and not grammar.done()
+        self.scheduler.add_request(req, held=held)
+        if held:
+            self._compiling[request_id] = grammar  # type: ignore[assignment]
+        elif grammar is not None:
+            self.guided.start(request_id, grammar.result())
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.stop)
 
     def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
+        for rid in request_ids:
+            self._compiling.pop(rid, None)
         return [self._final(req, "") for req in self.scheduler.abort_requests(request_ids)]
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def take_rejected(self) -> list[Rejected]:
+        """Requests refused after they were accepted (their grammar failed to compile), since the last call."""
+        rejected, self._rejected = self._rejected, []
+        return rejected
+
+    def _queue_compiled(self) -> None:
+        """Queue the held requests whose grammar is ready; refuse those whose grammar failed."""
+        if not self.scheduler.waiting and not self.scheduler.running:
+            wait(self._compiling.values(), timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
+        for rid, grammar in list(self._compiling.items()):
+            if not grammar.done():
+                continue
+            del self._compiling[rid]
+            error = refusal(grammar)
+            if error is None:
+                self.guided.start(rid, grammar.result())
+                self.scheduler.release_held(rid)
+            else:
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
+                del self._detokenizers[rid]
+                self._rejected.append(Rejected(rid, "invalid", str(error), error.param))
+
     def step(self) -> list[RequestOutput]:
+        if self._compiling:
+            self._queue_compiled()
         out = self.scheduler.schedule()
         if out.empty:
             return []
@@ -166,6 +229,9 @@ class EngineCore:
             delta, stopped = detok.add_tokens([token])
             if stopped:
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED, detok.stop_string)
+            if self.guided.active and self.guided.accept(req.request_id, token):
+                # The grammar is complete (it took a stop token) or, never expected, refused the token.
+                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
             logprobs = self._logprobs(token, result.logprobs.get(req.request_id))
             if req.status.finished:
                 outputs.append(self._final(req, delta, logprobs, [token]))
@@ -239,7 +305,7 @@ class EngineCore:
         t = self.tracker
         return EngineStats(
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+            waiting=len(self.scheduler.waiting) + len(self.scheduler.held),
             kv_blocks_total=self.blocks.num_blocks,
             kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_cached=self.blocks.num_cached_blocks,

@@ -60,6 +60,15 @@ def _grammar(guided: GuidedDecoding) -> xgrammar.Grammar:
         raise InvalidRequestError(f"the JSON schema cannot be enforced: {_clean(exc)}", PARAM) from None
 
 
+def refusal(grammar: Future[xgrammar.CompiledGrammar]) -> InvalidRequestError | None:
+    """Why a finished compile cannot serve its requests (None when it can): its own InvalidRequestError, or
+    any other failure (the tokenizer, memory) said as one, so the client always hears the reason."""
+    exc = grammar.exception()
+    if exc is None or isinstance(exc, InvalidRequestError):
+        return exc
+    return InvalidRequestError(f"the grammar could not be compiled: {type(exc).__name__}: {exc}", PARAM)
+
+
 def _clean(exc: Exception) -> str:
     return _SOURCE_PREFIX.sub("", str(exc).strip())
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.errors import InvalidRequestError
 from engine.messages import Logprob, RequestOutput, Timings, Usage
 from engine.sampling_params import SamplingParams
 from engine.tenant import Tenant
@@ -67,6 +68,10 @@ class LLM:
             self.core.add_request(rid, ids, p, tenant=tenant)
         while self.core.has_work():
             outputs = self.core.step()
+            rejected = self.core.take_rejected()
+            if rejected:  # a grammar failed to compile: refused as add_request refuses a bad request
+                self.core.abort(list(results))
+                raise InvalidRequestError(rejected[0].message, rejected[0].param)
             if on_step is not None:
                 on_step(outputs)
             for out in outputs:

@@ -90,6 +90,8 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
             return
         if core.has_work():
             outputs.extend(core.step())
+            for rejected in core.take_rejected():  # accepted, then its grammar failed to compile
+                send(rejected)
         now = time.monotonic()
         due = now - last_stats >= (STATS_INTERVAL if core.has_work() or outputs else IDLE_POLL)
         if outputs or due:

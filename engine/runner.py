@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import ATTENTION_NAME, AttentionMetadata, PrefillSeq
+from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache
 from engine.sampler import SampleResult, TopLogprobs, sample
 from engine.scheduler import ScheduledRequest
@@ -26,16 +27,22 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, guided: GuidedBatch | None = None
+    ) -> None:
+        """guided: the constrained requests' matchers; None where no request can be constrained (warm-up)."""
         self.model = model
         self.kv = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
         self._generators: dict[str, torch.Generator] = {}
+        self.guided = guided
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
         self._generators.pop(request_id, None)
+        if self.guided is not None:
+            self.guided.release(request_id)
 
     @torch.inference_mode()
     def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]) -> StepResult:
@@ -82,6 +89,9 @@ class ModelRunner:
             paged=meta,
         ).logits[0]
         sampling = [s for s in ordered if s.samples]
+        if self.guided is not None and self.guided.active:
+            # Before the sampler, so its knobs (temperature, penalties, bias) only ever see allowed tokens.
+            logits = self.guided.mask(logits, [s.request.request_id for s in sampling])
         result = self._sample(logits, sampling)
         sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
         logprobs = {s.request.request_id: lp for s, lp in zip(sampling, result.logprobs, strict=True) if lp is not None}

@@ -69,6 +69,8 @@ class Scheduler:
         self.waiting: WaitingQueue = FairQueue(self.book) if limits.policy == "fair" else FcfsQueue()
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
+        # Accepted but not yet queued: a guided request whose grammar is still compiling (engine.guided).
+        self.held: dict[str, Request] = {}
         self.num_preemptions = 0
 
     # -- queue -----------------------------------------------------------------------------------------
@@ -78,18 +80,28 @@ class Scheduler:
         capacity = self.blocks.num_blocks * self.blocks.block_size
         check_fits(num_prompt_tokens, max_tokens, self.limits.max_model_len, capacity)
 
-    def add_request(self, request: Request) -> None:
-        if len(self.waiting) >= self.limits.max_queue:
+    def add_request(self, request: Request, held: bool = False) -> None:
+        """held: accept it now but queue it only at release_held, so it takes no seat before it can run."""
+        if len(self.waiting) + len(self.held) >= self.limits.max_queue:
             raise QueueFullError(f"the waiting queue is full ({self.limits.max_queue} requests)")
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.check_fits(request.num_prompt_tokens, request.params.max_tokens)
         self.book.arrive(request)
-        self.waiting.push(request)
+        if held:
+            self.held[request.request_id] = request
+        else:
+            self.waiting.push(request)
         self.requests[request.request_id] = request
 
+    def release_held(self, request_id: str) -> None:
+        """Queue a held request (unknown or finished ids are ignored)."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self.waiting.push(req)
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.held)
 
     # -- one step --------------------------------------------------------------------------------------
 
@@ -250,7 +262,7 @@ class Scheduler:
         was_running = req.status is RequestStatus.RUNNING
         if was_running:
             self.running.remove(req)
-        else:
+        elif self.held.pop(req.request_id, None) is None:
             self.waiting.remove(req)
         self.book.left(req, was_running)
         self.blocks.free(req.request_id)
