@@ -101,6 +101,10 @@ class InsufficientQuota(AppError):
     type = "insufficient_quota"
     code = "insufficient_quota"
 
+    def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+        # The openai client retries a 429 twice unless told not to: an empty quota does not refill in seconds.
+        super().__init__(message, headers={**(headers or {}), "x-should-retry": "false"})
+
 
 class ServiceUnavailable(AppError):
     """The engine cannot take the request now (loading, draining, queue full, dead); the client may retry."""

@@ -142,16 +142,16 @@ class Ledger:
             raise error from None
 
     async def admit(self, log: RequestLog, key: KeyInfo, prepared: Prepared) -> Prepared:
-        """Take one of the key's concurrent slots, reserve prompt + max_tokens of its quota and write the queued
-        row, or raise (nothing is left taken then). max_tokens is an upper bound: where the quota has less left,
-        the request runs with what is left (and ends with finish_reason "length"); only a prompt that leaves no
-        token is refused. Returns the request as admitted."""
+        """Take one of the key's concurrent slots, reserve prompt + n x max_tokens of its quota (n choices) and
+        write the queued row, or raise (nothing is left taken then). max_tokens is an upper bound: where the quota
+        has less left, the request runs with what is left (and ends with finish_reason "length"); only a prompt
+        that leaves no token is refused. Returns the request as admitted."""
         log.prompt_text = prepared.prompt_text if self.store_text else None
         log.prompt_tokens = len(prepared.prompt_ids)
         log.max_tokens_requested = prepared.requested_max_tokens
         self.limiter.acquire(key.id, key.max_concurrent)
         try:
-            granted = await self._reserve_up_to(key, log, prepared.params.max_tokens)
+            granted = await self._reserve_up_to(key, log, prepared.params.max_tokens, prepared.n)
         except BaseException:
             self.limiter.release(key.id)
             raise
@@ -161,18 +161,19 @@ class Ledger:
             params = msgspec.structs.replace(params, max_tokens=granted)
         return replace(prepared, params=params, tenant=key.tenant)
 
-    async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int) -> int:
-        """Reserve for max_tokens, else for what the quota has left, else raise InsufficientQuota."""
+    async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int, n: int) -> int:
+        """Reserve for n choices of max_tokens, else of what the quota has left shared among them, else raise
+        InsufficientQuota."""
         wanted = max_tokens
         for _ in range(RESERVE_TRIES):
-            log.max_tokens_applied, log.reserved_tokens = wanted, log.prompt_tokens + wanted
+            log.max_tokens_applied, log.reserved_tokens = wanted, log.prompt_tokens + n * wanted
             if await self._reserve(key, log):
                 return wanted
             room = (await self.keys.remaining(key) or 0) - log.prompt_tokens
-            if room < 1:  # the prompt alone does not fit what is left
+            if room < n:  # the prompt leaves less than a token for each choice
                 break
-            wanted = min(max_tokens, room)
-        log.max_tokens_applied, log.reserved_tokens = max_tokens, log.prompt_tokens + max_tokens
+            wanted = min(max_tokens, room // n)
+        log.max_tokens_applied, log.reserved_tokens = max_tokens, log.prompt_tokens + n * max_tokens
         raise await self._quota_error(key, log)
 
     async def _reserve(self, key: KeyInfo, log: RequestLog) -> bool:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from engine import ContextLengthError, ModelInfo, SamplingParams, Tenant
 from web.errors import ContextLengthExceeded, InvalidRequest
 from web.keys.service import KeyInfo
+from web.tools import NO_TOOLS, ToolPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +22,16 @@ class Prepared:
     requested_max_tokens: int | None  # as asked (the history row keeps it), None when the body had none
     prompt_text: str | None = None
     tenant: Tenant | None = None  # whose share it draws on, set at admission; None: the engine's default
+    n: int = 1  # choices: n engine requests on the same prompt ids
+    tools: ToolPlan = NO_TOOLS  # how the answer's tool calls are read (web/tools)
+
+    def choices(self) -> list[SamplingParams]:
+        """Each choice's sampling: the request's, seeded seed, seed + 1, ... when seeded (so that seeded choices
+        differ and repeat); a seed pushed past the engine's range raises its InvalidRequestError."""
+        seed = self.params.seed
+        if self.n == 1 or seed is None:
+            return [self.params] * self.n
+        return [msgspec.structs.replace(self.params, seed=seed + i) for i in range(self.n)]
 
 
 def effective_max_tokens(

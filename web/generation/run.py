@@ -1,15 +1,16 @@
-"""One admitted request in flight: started on the engine at once, iterates its deltas, keeps its history record
-current, and closes exactly once (finished, cancelled, failed or interrupted) through the ledger, which settles
-the key's quota to the tokens charged."""
+"""One admitted request in flight: started on the engine at once (n engine requests for n choices), iterates
+their deltas, keeps its one history record current, and closes exactly once (finished, cancelled, failed or
+interrupted) through the ledger, which settles the key's quota to the tokens charged."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 
-from engine import EngineError, InvalidRequestError, QueueFullError, QueuePosition, RequestOutput
+from engine import EngineError, InvalidRequestError, QueueFullError, QueuePosition, RequestOutput, Usage
 from web.errors import AppError, ServiceUnavailable, from_engine_error
 from web.generation.backend import EngineClient
 from web.generation.inflight import InFlight
@@ -17,6 +18,7 @@ from web.generation.policy import Prepared
 from web.history.record import RequestLog
 from web.ledger import CHECKPOINT_S, Ledger
 from web.system.metrics import Metrics
+from web.tools import NO_TOOLS, ToolPlan
 
 logger = logging.getLogger("web.generation")
 
@@ -34,32 +36,50 @@ class Generations:
         self.store_text = store_text
 
     def start(self, log: RequestLog, prepared: Prepared) -> Generation:
-        """The engine queues the request now; its refusals (queue full, a dead engine) come with `first()`."""
-        stream = self.client.generate(
-            prepared.prompt_ids,
-            prepared.params,
-            request_id=log.id,
-            arrival_time=log.arrival_mono,
-            tenant=prepared.tenant,
-        )
-        generation = Generation(self, log, stream)
+        """The engine queues the request's choices now, together (the later ones find the prompt in the prefix
+        cache); their refusals (queue full, a dead engine) come with the deltas."""
+        streams = [
+            self.client.generate(
+                prepared.prompt_ids,
+                params,
+                request_id=choice_id(log.id, i),
+                arrival_time=log.arrival_mono,
+                tenant=prepared.tenant,
+            )
+            for i, params in enumerate(prepared.choices())
+        ]
+        generation = Generation(self, log, streams)
+        generation.tools = prepared.tools
         self.inflight.add(generation)
         return generation
 
 
-class Generation:
-    """Iterate it for the deltas after `first()`; the final delta has finished=True."""
+def choice_id(request_id: str, index: int) -> str:
+    """The engine request id of a choice: choice 0 runs under the history row's id."""
+    return request_id if index == 0 else f"{request_id}.{index}"
 
-    def __init__(self, owner: Generations, log: RequestLog, stream: AsyncIterator[RequestOutput]) -> None:
+
+class Generation:
+    """Iterate it for the deltas of all choices after `first()`, in the order they come (`index_of` tells a
+    delta's choice); each choice's last delta has finished=True, and `final` is the last one of all."""
+
+    def __init__(self, owner: Generations, log: RequestLog, streams: list[AsyncIterator[RequestOutput]]) -> None:
         self._owner = owner
         self.log = log
-        self._stream = stream
+        self._streams = streams
+        self._indexes = {choice_id(log.id, i): i for i in range(len(streams))}
+        self._pending: dict[int, asyncio.Future[RequestOutput]] = {}  # n > 1: each live choice's next delta
         self._closed = False
-        self._text: list[str] | None = [] if owner.store_text else None
-        self._last_token_mono: float | None = None
+        n = len(streams)
+        self._text: list[list[str]] | None = [[] for _ in range(n)] if owner.store_text else None
+        self._last_token_mono: list[float | None] = [None] * n
+        self._counts = [0] * n  # tokens per choice
+        self._usages: list[Usage | None] = [None] * n
+        self.finals: list[RequestOutput | None] = [None] * n
         self._checkpointed = log.arrival_mono  # the first checkpoint comes a second after arrival
         self._observe_gap = owner.metrics.inter_token_observer()
         self.abort_reason: str | None = None
+        self.tools: ToolPlan = NO_TOOLS  # how the answer's tool calls are read, the request's (web/tools)
         self.final: RequestOutput | None = None
 
     @property
@@ -69,6 +89,15 @@ class Generation:
     @property
     def finished(self) -> bool:
         return self.final is not None
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the engine stopped a choice before its end (a shutdown, or an abort)."""
+        return any(f is not None and f.finish_reason == "abort" for f in self.finals)
+
+    def index_of(self, out: RequestOutput) -> int:
+        """The choice a delta belongs to."""
+        return self._indexes.get(out.request_id, 0)
 
     def queue_position(self) -> QueuePosition | None:
         """Where the request waits for a seat; None once it runs (or where the engine cannot say)."""
@@ -92,7 +121,7 @@ class Generation:
         """The next delta. Any failure closes the request (its row says why) and leaves as an AppError; only a
         cancellation (the client went away) leaves the close to the caller."""
         try:
-            out = await anext(self._stream)
+            index, out = await self._next_of_any()
         except EngineError as exc:
             error = from_engine_error(exc)
             refused = first and isinstance(exc, QueueFullError | InvalidRequestError)
@@ -109,36 +138,67 @@ class Generation:
             error = AppError("internal server error")
             await self.close("failed", error.message)
             raise error from None
-        self._track(out)
+        self._track(index, out)
         return out
 
-    def _track(self, out: RequestOutput) -> None:
+    async def _next_of_any(self) -> tuple[int, RequestOutput]:
+        """The next delta of whichever unfinished choice has one first (one choice: its stream, with no task)."""
+        if len(self._streams) == 1:
+            return 0, await anext(self._streams[0])
+        for i, stream in enumerate(self._streams):
+            if self.finals[i] is None and i not in self._pending:
+                self._pending[i] = asyncio.ensure_future(anext(stream))
+        await asyncio.wait(self._pending.values(), return_when=asyncio.FIRST_COMPLETED)
+        index = min(i for i, task in self._pending.items() if task.done())
+        return index, self._pending.pop(index).result()
+
+    def _track(self, index: int, out: RequestOutput) -> None:
         now = time.monotonic()
         n = len(out.token_ids)
         log = self.log
         if n:
+            last = self._last_token_mono[index]
             if log.first_token_mono is None:
                 log.first_token_mono = now
-            elif self._last_token_mono is not None:
-                self._observe_gap(now - self._last_token_mono, n)
-            self._last_token_mono = now
+            elif last is not None:
+                self._observe_gap(now - last, n)
+            self._last_token_mono[index] = now
+            self._counts[index] += n
             log.completion_tokens += n
             if now - self._checkpointed >= CHECKPOINT_S and not out.finished:
                 self._checkpointed = now
                 self._owner.ledger.checkpoint(log, now)
         if self._text is not None and out.text:
-            self._text.append(out.text)
+            self._text[index].append(out.text)
+        if out.usage is not None:
+            self._usages[index] = out.usage
+            self._counts[index] = out.usage.completion_tokens
         if out.finished:
+            self.finals[index] = out
+        # The first delta's timings too (a cancel may come before the end); the schedule and first token are
+        # choice 0's, the prompt is counted once and the completions summed (as OpenAI bills n > 1).
+        if out.usage is not None or (index == 0 and out.timings is not None):
+            log.apply_engine_result(self._usage(), out.timings if index == 0 else None)
+        finals = [f for f in self.finals if f is not None]
+        if len(finals) == len(self.finals):
             self.final = out
-            log.finish_reason = out.finish_reason
-            log.finished_mono = now
-        if out.finished or out.timings is not None:  # the first delta's timings too: a cancel may come before the end
-            log.apply_engine_result(out.usage, out.timings)
+            log.finish_reason = "abort" if self.aborted else finals[0].finish_reason
+            ends = [f.timings.finished for f in finals if f.timings is not None]
+            log.finished_mono = max((t for t in ends if t is not None), default=now)
+
+    def _usage(self) -> Usage | None:
+        """The engine's counts over all choices so far; the cached prompt tokens are the choice that computed the
+        prompt's (the others found it in the cache)."""
+        usages = [u for u in self._usages if u is not None]
+        if not usages:
+            return None
+        return Usage(usages[0].prompt_tokens, sum(self._counts), min(u.cached_prompt_tokens for u in usages))
 
     async def abort(self, reason: str) -> None:
         """Ask the engine to stop this request; its consumer then sees a final delta with reason "abort"."""
         self.abort_reason = reason
-        await self._owner.client.abort(self.request_id)
+        for request_id in self._indexes:
+            await self._owner.client.abort(request_id)
 
     async def close(self, status: str | None = None, error: str | None = None) -> None:
         """Finalize once: stop the engine request if it still runs, then settle it in the ledger.
@@ -150,13 +210,12 @@ class Generation:
         self._closed = True
         log = self.log
         try:
-            if self.final is None:
-                await _close_quietly(self._stream)
+            await self._stop_choices()
         finally:
             if status is None:
                 if self.final is None:
                     status, error = "cancelled", error or "the client disconnected"
-                elif self.final.finish_reason == "abort":
+                elif self.aborted:
                     status = "interrupted" if self.abort_reason else "cancelled"
                     error = error or self.abort_reason or "aborted"
                 else:
@@ -167,14 +226,31 @@ class Generation:
                 log.finished_mono = time.monotonic()
             log.assume_scheduled_by_first_token()
             if self._text is not None:
-                log.response_text = "".join(self._text)
+                log.response_text = _stored_text(self._text)
             self._owner.inflight.discard(self.request_id)
             await self._owner.ledger.settle(log)
+
+    async def _stop_choices(self) -> None:
+        """Stop every choice still running: its pending next delta first, then its stream (which aborts it)."""
+        for task in self._pending.values():
+            task.cancel()
+        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        self._pending.clear()
+        for stream, final in zip(self._streams, self.finals, strict=True):
+            if final is None:
+                await _close_quietly(stream)
 
     def error_for_abort(self) -> AppError:
         return ServiceUnavailable(
             f"the request was aborted: {self.abort_reason or 'stopped by the server'}", code="aborted"
         )
+
+
+def _stored_text(texts: list[list[str]]) -> str:
+    """The history's response text: the reply, or each choice's under its index."""
+    if len(texts) == 1:
+        return "".join(texts[0])
+    return "\n\n".join(f"[choice {i}]\n" + "".join(parts) for i, parts in enumerate(texts))
 
 
 async def _close_quietly(stream: AsyncIterator[RequestOutput]) -> None:
