@@ -43,7 +43,7 @@ def test_stat_cards_never_part_a_number_from_its_unit(browser: Browser, waits: l
     page = browser.new_page()
     try:
         page.set_content(
-            f"<!doctype html><style>{CSS.read_text()}</style><main class='panel'>{template.render(live=live)}</main>"
+            f"<!doctype html><style>{CSS.read_text()}</style><main class='panel'>{template.render(live=live, capacity=None)}</main>"
         )
         # The tiles' grid reflows with the width; the old layout parted "15 ms" at most widths from 380 to 1,400 px.
         for width in range(320, 1441, 40):
@@ -54,5 +54,38 @@ def test_stat_cards_never_part_a_number_from_its_unit(browser: Browser, waits: l
                 for (number, top), (unit, unit_top) in itertools.pairwise(words):
                     if unit in ("ms", "s", "min"):
                         assert unit_top == top, f"{width} px, {metric}: {number!r} and {unit!r} on two lines: {words}"
+    finally:
+        page.close()
+
+
+def test_chart_axis_labels_are_never_cut_at_the_charts_edge(browser: Browser) -> None:
+    """Issue 16: the y axis's top label ("100 tok/s", "23.5 GiB") lay partly left of the SVG, cut."""
+    from web.console.charts import line_chart
+    from web.console.render import fmt_bytes, fmt_num
+    from web.console.samples import WINDOWS
+
+    times = [1000.0, 1300.0, 1600.0]
+    made = [
+        line_chart("tps", "Throughput", times, [("tps", "tokens/s", [5.0, 80.0, 3000.0])], 700.0, 1600.0,
+                   lambda v: fmt_num(v) + " tok/s"),
+        line_chart("free", "Headroom", times, [("free", "free", [1e9, 2e10, 3e10])], 700.0, 1600.0, fmt_bytes,
+                   fixed_top=25.2e9),
+    ]  # fmt: skip
+    template = render.template_config().engine_instance.engine.get_template("console/partials/charts.html")
+    page = browser.new_page()
+    try:
+        html = template.render(charts=made, window=WINDOWS["1h"])
+        page.set_content(f"<!doctype html><style>{CSS.read_text()}</style>{html}")
+        for width in (360, 800, 1400):
+            page.set_viewport_size({"width": width, "height": 900})
+            for figure in page.locator("figure.chart").all():
+                svg = figure.locator("svg").bounding_box()
+                assert svg is not None
+                for tick in figure.locator("text.tick").all():
+                    box = tick.bounding_box()
+                    assert box is not None
+                    label = tick.text_content()
+                    assert box["x"] >= svg["x"] - 0.5, f"{width} px: {label!r} starts left of its chart"
+                    assert box["x"] + box["width"] <= svg["x"] + svg["width"] + 0.5, f"{width} px: {label!r} cut"
     finally:
         page.close()

@@ -13,6 +13,9 @@ WIDTH, HEIGHT = 600, 140
 # sample instead of squeezing the data into the last pixels, but a few minutes of data still read as a few minutes.
 MIN_SPAN_S = 300.0
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 8, 8, 20
+# The y-axis label's room: its ticks are 11 units high (app.css), a glyph at most ~7 wide; the plot starts after
+# the longest label ("100 tok/s", "23.5 GiB"), so no label is cut at the chart's left edge.
+TICK_CHAR_W, TICK_GAP = 7, 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,7 @@ class Chart:
     empty: bool
     width: int = WIDTH
     height: int = HEIGHT
-    plot_left: int = PAD_LEFT
+    plot_left: int = PAD_LEFT  # at least PAD_LEFT: wider when the y label needs it
     plot_right: int = WIDTH - PAD_RIGHT
     plot_top: int = PAD_TOP
     plot_bottom: int = HEIGHT - PAD_BOTTOM
@@ -50,17 +53,21 @@ def nice_ceiling(value: float) -> float:
     return 10 * power
 
 
-def _path(times: Sequence[float], values: Sequence[float | None], x0: float, x1: float, top: float) -> str:
+def plot_left_for(y_label: str) -> int:
+    return max(PAD_LEFT, TICK_GAP + len(y_label) * TICK_CHAR_W + TICK_GAP)
+
+
+def _path(times: Sequence[float], values: Sequence[float | None], x0: float, x1: float, top: float, left: int) -> str:
     """Points outside the data (None) break the line, so a gap in sampling shows as a gap."""
     span = max(x1 - x0, 1e-9)
-    plot_w, plot_h = WIDTH - PAD_LEFT - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM
+    plot_w, plot_h = WIDTH - left - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM
     parts: list[str] = []
     pen_down = False
     for t, v in zip(times, values, strict=True):
         if v is None:
             pen_down = False
             continue
-        x = PAD_LEFT + (t - x0) / span * plot_w
+        x = left + (t - x0) / span * plot_w
         y = PAD_TOP + plot_h - min(max(v / top, 0.0), 1.0) * plot_h
         # "h0" after a move: a lone point (one sample between gaps) still shows, as a round dot.
         parts.append(f"L{x:.1f},{y:.1f}" if pen_down else f"M{x:.1f},{y:.1f} h0")
@@ -90,13 +97,16 @@ def line_chart(
         start = max(start, min(times[0], end - MIN_SPAN_S))
     present = [v for _, _, values in series for v in values if v is not None]
     top = fixed_top if fixed_top is not None else nice_ceiling(max(present, default=0.0))
-    lines = [Line(css, label, _path(times, values, start, end, top)) for css, label, values in series]
+    y_label = fmt(top)
+    left = plot_left_for(y_label)
+    lines = [Line(css, label, _path(times, values, start, end, top, left)) for css, label, values in series]
     long = end - start > 6 * 3600
     return Chart(
         key=key,
         title=title,
         lines=lines,
-        y_max_label=fmt(top),
+        y_max_label=y_label,
+        plot_left=left,
         x_start_label=_clock(start, long),
         x_end_label=_clock(end, long),
         empty=not present,
