@@ -113,3 +113,14 @@ def test_bad_tools_are_refused_naming_the_field() -> None:
     with pytest.raises(InvalidRequest) as schema:
         constraint((WEATHER, broken), ToolChoice("required"), True)
     assert schema.value.param == "tools[1].x"
+
+
+def test_a_schema_nested_past_the_recursion_limit_is_refused() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    inner = deep
+    for _ in range(5000):
+        inner["items"] = {}
+        inner = inner["items"]
+    with pytest.raises(InvalidRequest) as nested:
+        tool_spec("f", None, deep, "tools[0].function.name", "tools[0].function.parameters")
+    assert nested.value.param == "tools[0].function.parameters"

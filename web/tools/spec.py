@@ -84,6 +84,10 @@ def tool_spec(
             f"{schema_param} must describe a JSON object (type 'object'), not {json.dumps(kind)[:64]}",
             param=schema_param,
         )
+    try:  # rendered and compiled as JSON text later: a schema nested past the recursion limit cannot be
+        json.dumps(schema)
+    except RecursionError:
+        raise InvalidRequest(f"{schema_param} is nested too deeply", param=schema_param) from None
     return ToolSpec(name, description, schema, schema_param)
 
 
