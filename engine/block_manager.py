@@ -31,6 +31,7 @@ class _RequestState:
     num_cached: int = 0  # leading blocks cache_blocks has already handled
     last_key: int | None = None  # chain key of the last handled block
     last_serial: int | None = None  # chain identity of the last handled block's content
+    promised: list[int] = field(default_factory=list)  # keys of the full blocks it announced (promise)
 
 
 class BlockManager:
@@ -49,6 +50,8 @@ class BlockManager:
         # middle when a cached block is revived by a prefix hit.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}  # key -> block id
+        # Full blocks a running request is computing: key -> that request's id (promise, awaits_prefix).
+        self._promised: dict[int, str] = {}
         self._requests: dict[str, _RequestState] = {}
         self._serials = itertools.count()
 
@@ -105,6 +108,33 @@ class BlockManager:
             parent_key, parent_serial = key, block.serial
         return hits, len(hits) * size
 
+    def promise(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Announce the full blocks of token_ids that request_id, just seated with its prefix hits attached, is
+        going to compute, until cache_blocks registers them or the request is freed."""
+        if not self.enable_prefix_caching:
+            return
+        state = self._requests.get(request_id)
+        if state is None:
+            raise ValueError(f"unknown request {request_id!r}")
+        size = self.block_size
+        key = state.last_key
+        for i in range(state.num_cached, len(token_ids) // size):
+            key = block_hash(key, tuple(token_ids[i * size : (i + 1) * size]))
+            if self._promised.setdefault(key, request_id) == request_id:
+                state.promised.append(key)
+
+    def awaits_prefix(self, token_ids: Sequence[int], hit_blocks: Sequence[int]) -> bool:
+        """Whether the next block that could extend the prefix hits (get_computed_blocks) of token_ids is one a
+        running request promised: waiting for it to be cached beats computing a copy of it. A hint only (a key
+        collision costs a wait, never wrong KV): hits are still confirmed by content when they are taken."""
+        if not self._promised:
+            return False
+        size, i = self.block_size, len(hit_blocks)
+        if i >= max(0, len(token_ids) - 1) // size:  # the last token is always computed: no further hit
+            return False
+        parent_key = self._blocks[hit_blocks[-1]].key if hit_blocks else None
+        return block_hash(parent_key, tuple(token_ids[i * size : (i + 1) * size])) in self._promised
+
     def allocate_slots(self, request_id: str, num_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Grow request_id's table to hold num_tokens tokens in total, first attaching computed_blocks
         (first call only). All or nothing: returns False and changes nothing when free blocks fall short."""
@@ -153,6 +183,8 @@ class BlockManager:
         for i in range(state.num_cached, num_full):
             tokens = tuple(token_ids[i * size : (i + 1) * size])
             key = block_hash(state.last_key, tokens)
+            if self._promised.get(key) == request_id:
+                del self._promised[key]
             block_id = state.table[i]
             block = self._blocks[block_id]
             assert block.key is None, "only attached prefix hits are registered ahead of num_cached"
@@ -178,6 +210,9 @@ class BlockManager:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
+        for key in state.promised:
+            if self._promised.get(key) == request_id:
+                del self._promised[key]
         for block_id in reversed(state.table):
             block = self._blocks[block_id]
             block.ref_count -= 1

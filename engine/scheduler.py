@@ -160,8 +160,15 @@ class Scheduler:
         max_seqs = 1 if policy == "sequential" else self.limits.max_num_seqs
         while self.waiting and (budget > 0 or policy == "static"):
             req = self.waiting.peek()
+            tokens = req.all_token_ids
+            hits = self.blocks.get_computed_blocks(tokens)
+            if policy in CONTINUOUS_POLICIES and self.blocks.awaits_prefix(tokens, hits[0]):
+                # A running request is computing the next blocks of this prompt (n sequences of one prompt, a
+                # system prompt arriving in a burst): req shares them once cached, a step or so later, rather
+                # than compute a copy; those behind it wait too, so the queue keeps its order.
+                return budget
             # Seats taken back are for req alone: the victims must not win them back in the same step.
-            while (n := self._seat(req, budget) if len(self.running) < max_seqs else None) is None:
+            while (n := self._seat(req, tokens, hits, budget) if len(self.running) < max_seqs else None) is None:
                 v = self.book.reclaim_victim(req, self.running, max_seqs) if policy == "fair" else None
                 if v is None:
                     return budget
@@ -174,17 +181,18 @@ class Scheduler:
                 budget -= n
         return budget
 
-    def _seat(self, req: Request, budget: int) -> int | None:
-        """Admit req, the queue's head, if its blocks can be had: returns how many of its tokens compute this
-        step, or None (nothing changed) when free blocks fall short."""
-        tokens = req.all_token_ids
-        hit_blocks, num_cached = self.blocks.get_computed_blocks(tokens)
+    def _seat(self, req: Request, tokens: list[int], hits: tuple[list[int], int], budget: int) -> int | None:
+        """Admit req, the queue's head, with its prefix hits (get_computed_blocks of its tokens; seats taken
+        back free blocks but evict none, so they stay valid) if its blocks can be had: returns how many of its
+        tokens compute this step, or None (nothing changed) when free blocks fall short."""
+        hit_blocks, num_cached = hits
         n = min(len(tokens) - num_cached, budget)
         # A static member holds blocks for its whole prompt from the start: admission is by free blocks.
         reserve = len(tokens) if self.limits.policy == "static" else num_cached + n
         if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
             return None
         self.waiting.take(req)
+        self.blocks.promise(req.request_id, tokens)
         req.num_computed_tokens = num_cached
         charged = 0
         if req.scheduled_time is None:  # first admission; a preempted request's own blocks are no hit rate
