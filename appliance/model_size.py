@@ -1,16 +1,20 @@
-"""How much memory a model takes before it is loaded: its shape from config.json, GGUF metadata or a random
-preset, then weights at the chosen quantization and KV bytes per token. Estimates for decoder-only
-transformers (Llama, Qwen2, Mistral shapes), good to a few percent; doctor and the README use them."""
+"""How much memory a model takes before it is loaded: its shape, then weights at the chosen quantization and KV
+bytes per token. A Hugging Face directory's (and a random preset's) shape is the model transformers builds from its
+config on the meta device (accelerate's init_empty_weights: no memory, any architecture), its parameters counted
+from those tensors; a GGUF's is read from its header (no conversion), with Llama-shaped arithmetic. doctor,
+`appliance models` and the console use them."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from appliance.gguf_header import GGUFHeaderError, read_header
 from engine.sources import RANDOM_PREFIX, default_model_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
 # bitsandbytes 4-bit: half a byte per weight plus one float32 absmax per 64-weight block (no double quant);
 # int8: one byte plus a float32 scale per row, negligible. Embeddings and lm_head are not quantized.
@@ -21,35 +25,16 @@ CUDA_OVERHEAD_BYTES = 1 << 30  # CUDA context, allocator slack and one forward's
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    hidden: int
+    params: int
+    linear_params: int  # in the Linear layers bitsandbytes quantizes (all but the output head)
     layers: int
-    heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
     context: int
-
-    @property
-    def linear_params(self) -> int:
-        """Parameters of the attention and MLP projections, which bitsandbytes quantizes."""
-        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        return self.layers * (attention + mlp)
-
-    @property
-    def embedding_params(self) -> int:
-        """Input embeddings and the output head (one matrix when tied), kept in the compute dtype."""
-        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-
-    @property
-    def params(self) -> int:
-        return self.linear_params + self.embedding_params
 
     def weights_bytes(self, quantization: str, dtype_bytes: int) -> int:
         per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
-        return int(self.linear_params * per_param + self.embedding_params * dtype_bytes)
+        return int(self.linear_params * per_param + (self.params - self.linear_params) * dtype_bytes)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V, every layer: 2 x layers x kv_heads x head_dim x bytes."""
@@ -59,42 +44,68 @@ class Shape:
 def model_shape(model: str) -> Shape:
     """Raises ValueError (unknown form or unreadable file) or engine.ModelLoadError (default not installed)."""
     if model.startswith(RANDOM_PREFIX):
-        from engine.presets import get_preset  # torch and transformers: seconds, only for the test presets
+        from engine.presets import get_preset  # torch and transformers: seconds, only when asked
 
-        p = get_preset(model.removeprefix(RANDOM_PREFIX))
-        head_dim = p.hidden_size // p.num_heads
-        return Shape(
-            p.hidden_size,
-            p.num_layers,
-            p.num_heads,
-            p.num_kv_heads,
-            head_dim,
-            p.intermediate_size,
-            PRESET_VOCAB,
-            p.tie_word_embeddings,
-            p.max_position_embeddings,
-        )
+        vocabulary = cast("PreTrainedTokenizerBase", _PresetVocabulary())  # all hf_config reads of a tokenizer
+        return _from_config(get_preset(model.removeprefix(RANDOM_PREFIX)).hf_config(vocabulary))
     path = default_model_path() if model == "default" else Path(model).expanduser()
     if path.is_dir():
-        return _from_hf_config(json.loads((path / "config.json").read_text()))
+        return hf_directory_shape(path)
     if path.suffix.lower() == ".gguf" and path.is_file():
         return _from_gguf(path)
     raise ValueError(f"{model} is not a model directory, a .gguf file or random:<preset>")
 
 
-def _from_hf_config(config: dict[str, Any]) -> Shape:
-    text = config.get("text_config") or config
-    hidden, heads = text["hidden_size"], text["num_attention_heads"]
+def hf_directory_shape(path: Path) -> Shape:
+    """Raises ValueError when config.json is missing or names no causal LM transformers knows."""
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} holds no config.json: not a Hugging Face model directory")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError, KeyError) as exc:  # bad JSON, no model_type, an unknown one
+        raise ValueError(f"{path / 'config.json'}: {exc}") from None
+    return _from_config(config)
+
+
+class _PresetVocabulary:
+    """What a preset's config asks of a tokenizer: its size (the bundled one's) and no special ids."""
+
+    bos_token_id = eos_token_id = pad_token_id = None
+
+    def __len__(self) -> int:
+        return PRESET_VOCAB
+
+
+def _from_config(config: PreTrainedConfig) -> Shape:
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except ValueError as exc:  # not a causal LM ("Unrecognized configuration class")
+        raise ValueError(f"{config.model_type!r} is not a causal LM transformers can build: {exc}") from None
+    head = model.get_output_embeddings()
+    head_ids = {id(p) for p in head.parameters()} if head is not None else set()
+    linear = {
+        id(p): p.numel()
+        for module in model.modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+        for p in module.parameters()
+        if id(p) not in head_ids
+    }
+    text = config.get_text_config()
+    heads = text.num_attention_heads
     return Shape(
-        hidden=hidden,
-        layers=text["num_hidden_layers"],
-        heads=heads,
-        kv_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or hidden // heads,
-        intermediate=text["intermediate_size"],
-        vocab=text["vocab_size"],
-        tied_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        context=text.get("max_position_embeddings", 2048),
+        params=sum(p.numel() for p in model.parameters()),  # tied weights are one parameter, counted once
+        linear_params=sum(linear.values()),
+        layers=text.num_hidden_layers,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        context=getattr(text, "max_position_embeddings", None) or 2048,
     )
 
 
@@ -112,15 +123,18 @@ def _from_gguf(path: Path) -> Shape:
     arch = field("general.architecture")
     hidden, heads = int(field(f"{arch}.embedding_length")), int(field(f"{arch}.attention.head_count"))
     key_length = header.values.get(f"{arch}.attention.key_length")  # set when head_dim != hidden / heads
+    head_dim = int(key_length) if key_length is not None else hidden // heads
+    layers, kv_heads = int(field(f"{arch}.block_count")), int(field(f"{arch}.attention.head_count_kv"))
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    linear = layers * (attention + 3 * hidden * int(field(f"{arch}.feed_forward_length")))
+    tied = "output.weight" not in header.tensor_names
+    embeddings = header.array_lengths.get("tokenizer.ggml.tokens", 0) * hidden * (1 if tied else 2)
     return Shape(
-        hidden=hidden,
-        layers=int(field(f"{arch}.block_count")),
-        heads=heads,
-        kv_heads=int(field(f"{arch}.attention.head_count_kv")),
-        head_dim=int(key_length) if key_length is not None else hidden // heads,
-        intermediate=int(field(f"{arch}.feed_forward_length")),
-        vocab=header.array_lengths.get("tokenizer.ggml.tokens", 0),
-        tied_embeddings="output.weight" not in header.tensor_names,
+        params=linear + embeddings,
+        linear_params=linear,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         context=int(field(f"{arch}.context_length")),
     )
 

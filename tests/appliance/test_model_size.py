@@ -14,6 +14,7 @@ from engine.sources import default_model_path
 
 GIB = 1 << 30
 LLAMA_31_8B = {
+    "model_type": "llama",
     "hidden_size": 4096,
     "num_hidden_layers": 32,
     "num_attention_heads": 32,
