@@ -119,12 +119,20 @@ def test_max_tokens_cuts_a_constrained_request_with_length(llm: LLM) -> None:
     assert result.text.startswith('{"text"')
 
 
+def test_a_complete_output_ends_the_request_even_when_eos_is_ignored(llm: LLM) -> None:
+    schema = _object({"ok": {"type": "boolean"}}, ["ok"])
+    result = llm.generate(["x"], SamplingParams(max_tokens=100, ignore_eos=True, guided=schema_of(schema)))[0]
+    assert result.finish_reason == "stop" and len(result.token_ids) < 100
+    assert_valid(result.text, schema)
+
+
 def test_unconstrained_neighbours_keep_their_greedy_output(llm: LLM) -> None:
     plain = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = ["The weather today", "Numbers: 1, 2,"]
     alone = [r.token_ids for r in llm.generate(prompts, plain)]
-    schema = _object({"city": {"type": "string", "maxLength": 12}, "warm": {"type": "boolean"}}, ["city", "warm"])
+    schema = _object({"city": {"type": "string", "maxLength": 30}, "warm": {"type": "boolean"}}, ["city", "warm"])
     constrained = SamplingParams(max_tokens=300, temperature=0.0, guided=schema_of(schema))
+    llm.generate(["warm the grammar cache"], constrained)  # so all three start in the same step
     mixed = llm.generate([prompts[0], "Weather as JSON", prompts[1]], [plain, constrained, plain])
     assert [mixed[0].token_ids, mixed[2].token_ids] == alone
     assert_valid(mixed[1].text, schema)
