@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,12 +78,14 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"the appliance was not ready within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="package")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    missing = [a.target for a in ASSETS if not is_current(a, VENDOR_DIR)]
-    if missing:
-        pytest.fail(f"front-end assets not fetched ({', '.join(missing)}): run `python -m web.static.assets`")
-    data = tmp_path_factory.mktemp("appliance")
+def missing_assets() -> list[str]:
+    return [a.target for a in ASSETS if not is_current(a, VENDOR_DIR)]
+
+
+@contextmanager
+def appliance(data: Path, **settings: str) -> Iterator[Server]:
+    """The appliance served from `data` on a free port, with the browser tests' settings (random tiny model unless
+    `settings` say otherwise: APPLIANCE_* names), stopped with SIGTERM at the end."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     env.update(
@@ -98,6 +101,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         APPLIANCE_DRAIN_TIMEOUT="1",
         APPLIANCE_LOG_LEVEL="warning",
     )
+    env.update(settings)
     log = data / "server.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -114,6 +118,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="package")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    missing = missing_assets()
+    if missing:
+        pytest.fail(f"front-end assets not fetched ({', '.join(missing)}): run `python -m web.static.assets`")
+    with appliance(tmp_path_factory.mktemp("appliance")) as served:
+        yield served
 
 
 @pytest.fixture(scope="package")

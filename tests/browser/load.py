@@ -12,8 +12,11 @@ class Load:
     """`count` streamed chat completions of up to `max_tokens` tokens each, read in background threads;
     leaving the block closes them (the server then aborts them)."""
 
-    def __init__(self, url: str, key: str, count: int = 4, max_tokens: int = 600) -> None:
+    def __init__(
+        self, url: str, key: str, count: int = 4, max_tokens: int = 600, model: str = "random:tiny", prompt: str = ""
+    ) -> None:
         self.url, self.key, self.count, self.max_tokens = url, key, count, max_tokens
+        self.model, self.prompt = model, prompt
         self.stop = threading.Event()
         self.chunks = 0
         self.errors: list[str] = []
@@ -21,8 +24,8 @@ class Load:
 
     def _run(self, index: int) -> None:
         body = {
-            "model": "random:tiny",
-            "messages": [{"role": "user", "content": f"load {index}: tell me everything"}],
+            "model": self.model,
+            "messages": [{"role": "user", "content": self.prompt or f"load {index}: tell me everything"}],
             "max_tokens": self.max_tokens,
             "stream": True,
         }

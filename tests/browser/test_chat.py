@@ -185,8 +185,9 @@ def test_overload_is_explained_with_the_retry_time(page: Page, server: Server) -
 
 
 def test_chat_screenshot(page: Page, server: Server) -> None:
-    """The first exchange is stored in the browser (the tiny test model writes random words) to show the
-    Markdown rendering; the second reply streams live from the appliance."""
+    """Into artifacts/ only (the README's come from tests/browser/screenshots.py, with the bundled model): the first
+    exchange is stored in the browser (the tiny test model writes random words) to show the Markdown rendering;
+    the second reply streams live from the appliance."""
     open_chat(page, server.new_key("screenshot"), max_tokens=24)
     example = [
         {"role": "user", "content": "How do I call the appliance from Python?"},

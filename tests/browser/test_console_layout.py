@@ -42,9 +42,8 @@ def test_stat_cards_never_part_a_number_from_its_unit(browser: Browser, waits: l
     template = render.template_config().engine_instance.engine.get_template("console/partials/engine-counters.html")
     page = browser.new_page()
     try:
-        page.set_content(
-            f"<!doctype html><style>{CSS.read_text()}</style><main class='panel'>{template.render(live=live, capacity=None)}</main>"
-        )
+        panel = template.render(live=live, capacity=None)
+        page.set_content(f"<!doctype html><style>{CSS.read_text()}</style><main class='panel'>{panel}</main>")
         # The tiles' grid reflows with the width; the old layout parted "15 ms" at most widths from 380 to 1,400 px.
         for width in range(320, 1441, 40):
             page.set_viewport_size({"width": width, "height": 800})
