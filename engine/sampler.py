@@ -3,6 +3,7 @@ min_p, top-k, top-p (vLLM's order), per-request seeds, logprobs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,19 +90,23 @@ def _draw(
     generators: Sequence[torch.Generator | None],
     token_ids: torch.Tensor,
 ) -> None:
-    """One draw per row of probs into token_ids[row_ids[j]]: unseeded rows together, seeded rows each from its
-    own generator."""
+    """One inverse-CDF draw per row of probs into token_ids[row_ids[j]], from one uniform number per row: a
+    seeded row's from its own generator, the others' from torch's. torch.multinomial took 160 ms for 64 rows
+    of 49,152 on one CPU core, as long as the model's step; a cumulative sum and a binary search take 9 ms."""
     device = probs.device
-    unseeded = [j for j, i in enumerate(row_ids) if generators[i] is None]
-    if unseeded:
-        drawn = torch.multinomial(probs[torch.tensor(unseeded, device=device)], 1).squeeze(1)
-        token_ids[torch.tensor([row_ids[j] for j in unseeded], device=device)] = drawn
+    u = torch.rand(len(row_ids), device=device)
     for j, i in enumerate(row_ids):
         gen = generators[i]
         if gen is not None:
-            # multinomial on the generator's device; CPU generators draw on CPU probabilities.
-            row = probs[j].to(gen.device)
-            token_ids[i] = torch.multinomial(row, 1, generator=gen).item()
+            u[j] = torch.rand((), generator=gen, device=gen.device).to(device)
+    cdf = probs.cumsum(dim=-1)
+    # The first token whose cumulative mass exceeds the target: a token of zero mass is never drawn.
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+    lost = probs.gather(1, drawn.unsqueeze(1)).squeeze(1) == 0
+    if lost.any():  # rounding put the target past the last token with mass: take the likeliest instead
+        drawn = torch.where(lost, probs.argmax(dim=-1), drawn)
+    token_ids[torch.tensor(row_ids, device=device)] = drawn
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:
@@ -121,13 +126,16 @@ def _index(rows: list[int], n: int, device: torch.device) -> slice | torch.Tenso
 def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
     logits = logits / temps
-    min_ps = [p.min_p for p in params]
-    if any(m > 0.0 for m in min_ps):
+    min_p_rows = [j for j, p in enumerate(params) if p.min_p > 0.0]
+    if min_p_rows:
         # vLLM's min_p, after temperature and before top-k/top-p: drop tokens less likely than min_p times the
-        # likeliest one.
-        probs = logits.softmax(dim=-1)
-        floor = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_ps, device=logits.device).unsqueeze(1)
-        logits = logits.masked_fill(probs < floor, float("-inf"))
+        # likeliest one, that is with a logit below the top logit + log(min_p) (no softmax needed), and only in
+        # the rows that ask (logits is this function's own tensor here).
+        idx = _index(min_p_rows, len(params), logits.device)
+        rows = logits[idx]
+        log_min_p = torch.tensor([math.log(params[j].min_p) for j in min_p_rows], device=logits.device)
+        floor = rows.amax(dim=-1, keepdim=True) + log_min_p.unsqueeze(1)
+        logits[idx] = rows.masked_fill(rows < floor, float("-inf"))
     top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
         vocab = logits.shape[1]

@@ -88,6 +88,13 @@ def draws(logits: list[float], params: SamplingParams, n: int = 3000) -> Counter
     return Counter(sample(row, [params], [gen], [History()]).token_ids[0] for _ in range(n))
 
 
+def test_random_rows_draw_each_token_as_often_as_its_probability() -> None:
+    probs = (0.5, 0.3, 0.15, 0.05, 0.0)
+    counts = draws([math.log(p) if p else float("-inf") for p in probs], SamplingParams(temperature=1.0), 4000)
+    assert all(abs(counts[i] / 4000 - p) < 0.025 for i, p in enumerate(probs)), counts
+    assert 4 not in counts
+
+
 def test_min_p_drops_tokens_below_its_share_of_the_likeliest() -> None:
     logits = [math.log(p) for p in (0.5, 0.3, 0.15, 0.05)]
     # min_p 0.2: the floor is 0.1, so token 3 (0.05) goes; token 2 (0.15) stays.
