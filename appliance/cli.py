@@ -1,4 +1,4 @@
-"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, bench, assets, settings.
+"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, models, bench, assets, settings.
 
 Settings come from APPLIANCE_* variables and the env file named by APPLIANCE_ENV_FILE; `serve` and `doctor`
 take any setting as a flag too (--port 9000 is APPLIANCE_PORT=9000), except the secrets.
@@ -14,12 +14,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from appliance import chat, keys
+from appliance import chat, keys, models_cli
 from appliance.settings import PREFIX, Settings, SettingsError, load_settings, settings_table
 from engine import ConfigError
 from web.errors import AppError
 
-COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,bench,assets,settings}"
+COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,models,bench,assets,settings}"
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check this machine for the appliance, one line per check")
     add_setting_flags(doctor)
+    models_cli.add_parsers(commands, add_setting_flags)
     commands.add_parser("bench", help="the engine benchmark (options: appliance bench --help)", add_help=False)
     assets = commands.add_parser(
         "assets", help="front-end assets (htmx, markdown-it, DOMPurify, highlight.js) from the npm registry, pinned"
@@ -149,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
         from appliance.doctor import run
 
         return run(settings)
+    elif args.command == "models":
+        return models_cli.run(settings, args)
     return 0
 
 

@@ -6,12 +6,17 @@ from those tensors; a GGUF's is read from its header (no conversion), with Llama
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from appliance.gguf_header import GGUFHeaderError, read_header
+from appliance.settings import Settings
+from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags
 from engine.sources import RANDOM_PREFIX, default_model_path
+from web.system.models import Fit
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig, PreTrainedTokenizerBase
@@ -159,4 +164,79 @@ def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len
         kv_per_token=shape.kv_bytes_per_token(dtype_bytes),
         context=context,
         overhead=CUDA_OVERHEAD_BYTES if gpu else 0,
+    )
+
+
+CHAT_TOKENS = 2048  # the chat length fit is counted in, unless the context is shorter
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """The memory a model would be served in, and the precision the settings resolve to on it."""
+
+    gpu: bool
+    available: int  # free VRAM (within the cap), or available RAM
+    quantization: str
+    dtype: str
+
+
+def machine(settings: Settings) -> Machine:
+    """nvidia-smi, not torch, asks the GPU: a CUDA context in this process would cost VRAM and seconds."""
+    import psutil
+
+    free = None if settings.device == "cpu" else _free_vram(settings.device)
+    device = "cpu" if free is None else "cuda"
+    flags = cpu_flags()
+    quantization = auto_quantization(device, flags) if settings.quantization == "auto" else settings.quantization
+    dtype = ("bfloat16" if free is not None else auto_cpu_dtype(flags)) if settings.dtype == "auto" else settings.dtype
+    if free is None:
+        return Machine(False, psutil.virtual_memory().available, quantization, dtype)
+    cap = settings.gpu_memory_cap_bytes
+    return Machine(True, min(free, cap) if cap else free, quantization, dtype)
+
+
+def _free_vram(device: str) -> int | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    index = device.partition(":")[2] or "0"
+    try:
+        done = subprocess.run(
+            [smi, "-i", index, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return int(float(done.stdout.strip().splitlines()[0])) << 20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
+    """Weights + KV for as many CHAT_TOKENS-token chats as the KV memory holds: on a GPU what is left of the
+    usable free VRAM (APPLIANCE_GPU_MEMORY_UTILIZATION) after weights and CUDA's share, on a CPU the fixed pool
+    (APPLIANCE_KV_CACHE_BYTES), which must fit in available RAM beside the weights. `reclaim`: bytes a switch
+    frees first (the served model's)."""
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[on.dtype]
+    need = memory_need(shape, on.quantization, dtype_bytes, settings.max_model_len, on.gpu)
+    chat_tokens = min(CHAT_TOKENS, need.context)
+    kv_per_chat = need.kv_per_token * chat_tokens
+    available = on.available + reclaim
+    if on.gpu:
+        kv_budget = int(available * settings.gpu_memory_utilization) - need.weights - need.overhead
+        room = True
+    else:
+        kv_budget = settings.kv_cache_bytes
+        room = need.weights + kv_budget <= available
+    chats = max(kv_budget, 0) // kv_per_chat if kv_per_chat else 0
+    return Fit(
+        fits=room and chats >= 1,
+        memory="VRAM" if on.gpu else "RAM",
+        available=available,
+        weights=need.weights,
+        kv_per_chat=kv_per_chat,
+        chats=chats,
+        chat_tokens=chat_tokens,
+        precision=f"{on.quantization}, {on.dtype}",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from appliance.models import LocalModels
 from appliance.settings import Settings, load_settings
 from engine import AsyncEngineClient, EngineConfig
 from web.app import Gateway
@@ -53,4 +54,5 @@ def build_gateway(settings: Settings | None = None, client: EngineClient | None 
     settings = settings or load_settings()
     config = engine_config(settings)
     settings.database_path.parent.mkdir(parents=True, exist_ok=True)
-    return build_web_gateway(web_config(settings), client or AsyncEngineClient(config, auto_restart=True))
+    engine = client or AsyncEngineClient(config, auto_restart=True)
+    return build_web_gateway(web_config(settings), engine, LocalModels(settings))

@@ -38,6 +38,7 @@ from web.openai.routes import openai_router
 from web.openai.service import Prompts
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics
+from web.system.models import Catalog, ModelSwitch, SwitchingGate
 from web.system.openapi import document_router
 from web.system.routes import admin_system_router, system_router
 
@@ -66,6 +67,7 @@ class Gateway:
     generations: Generations
     prompts: Prompts
     jobs: Jobs
+    models: ModelSwitch
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -97,10 +99,11 @@ def _provider(value: Any) -> Provide:
     return Provide(provide, use_cache=True, sync_to_thread=False)
 
 
-def build_gateway(config: WebConfig, client: EngineClient) -> Gateway:
+def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | None = None) -> Gateway:
+    """`catalog`: the local models the console may switch to (appliance/ provides it; none: no switching)."""
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
-    gate = EngineGate(client, config.served_model_name)
+    gate = SwitchingGate(client, config.served_model_name)
     metrics = Metrics(client.stats, lambda: gate.model_name)
     writer = BatchWriter(db, on_error=metrics.observe_db_error)
     keys = KeyService(sessions, db)
@@ -126,6 +129,7 @@ def build_gateway(config: WebConfig, client: EngineClient) -> Gateway:
         generations=Generations(client, ledger, inflight, metrics, config.store_text),
         prompts=Prompts(gate, client, config.default_max_tokens, config.store_text),
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
+        models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
     )
 
 

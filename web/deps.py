@@ -18,6 +18,7 @@ from web.ledger import Ledger as _Ledger
 from web.openai.service import Prompts as _Prompts
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics as _Metrics
+from web.system.models import ModelSwitch
 
 Admin = NamedDependency[AdminAuth]
 Config = NamedDependency[WebConfig]
@@ -29,6 +30,7 @@ Keys = NamedDependency[KeyService]
 Ledger = NamedDependency[_Ledger]
 Limiter = NamedDependency[ConcurrencyLimiter]
 Metrics = NamedDependency[_Metrics]
+Models = NamedDependency[ModelSwitch]
 Prompts = NamedDependency[_Prompts]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
 Views = NamedDependency[KeyViews]

@@ -15,7 +15,7 @@ from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
 from web.chat.routes import chat_router
-from web.console import dashboard, history, keys
+from web.console import dashboard, history, keys, models
 from web.console.auth import (
     ConsoleState,
     CsrfRejected,
@@ -76,6 +76,8 @@ def pages() -> Pages:
             keys.edit_key_form,
             keys.update_key,
             keys.revoke_key,
+            models.models_page,
+            models.serve_model,
         ],
         guards=[session_guard(console)],
         exception_handlers={
