@@ -14,7 +14,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from engine.sampling_params import MAX_REPETITION_PENALTY, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from tests.web.conftest import ADMIN, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import create_app
@@ -60,6 +60,7 @@ def with_engine_limits(served: dict[str, Any]) -> dict[str, Any]:
         "top_k": nullable(bounded(-1, INT64_MAX)),
         "seed": nullable(bounded(INT64_MIN, UINT64_MAX)),
         "stop": nullable({"anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS}]}),
+        "repetition_penalty": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_REPETITION_PENALTY}),
     }
     for properties in _requests(doc):
         properties.update(limits)
@@ -85,17 +86,29 @@ def _small(schema: dict[str, Any]) -> None:
 
 def fits_context(served: dict[str, Any]) -> dict[str, Any]:
     """For valid requests: small enough for the fake model's context, and clear of the rules that tie two fields
-    (top_logprobs needs logprobs: true), a name that str.strip() leaves blank, and the calendar's edges."""
+    (top_logprobs needs logprobs: true; seed and n), a name that str.strip() leaves blank, and the calendar's
+    edges."""
     doc = with_engine_limits(served)
     chat, completion = _requests(doc)
     max_tokens = nullable(bounded(1, COMPLETION))
     for properties in (chat, completion):
         properties["max_tokens"] = max_tokens
+        properties["seed"] = nullable(bounded(INT64_MIN, UINT64_MAX - 8))  # n choices: seed .. seed + n - 1
     chat["max_completion_tokens"] = max_tokens
     chat["top_logprobs"] = {"type": "null"}
     _walk(chat["messages"], _small)
     _walk(completion["prompt"], _small)
     schemas = doc["components"]["schemas"]
+    # Tools: the fallback prompt listing them outgrows the fake model's context, a named tool_choice must name one
+    # of the tools, a tool result must answer an earlier call, and a call's arguments must be JSON text.
+    chat["tools"] = {"type": "null"}
+    chat["tool_choice"] = nullable({"const": "none"})
+    message = schemas["ChatMessage"]
+    message["anyOf"] = [m for m in message["anyOf"] if m["properties"]["role"] != {"const": "tool"}]
+    for branch in message["anyOf"]:
+        branch["properties"].pop("tool_calls", None)
+    # Any JSON Schema fits the document; only the engine's compiler says which ones it can enforce.
+    schemas["JsonSchemaSpec"]["properties"]["schema"] = nullable({"const": {"type": "object"}})
     for name in ("KeyCreate", "KeyUpdate"):
         schemas[name]["properties"]["name"] = {"type": "string", "pattern": "[0-9A-Za-z]"}
     for parameter in doc["paths"]["/admin/api/requests"]["get"]["parameters"]:

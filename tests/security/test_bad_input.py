@@ -92,14 +92,24 @@ CASES: dict[str, Any] = {
     "empty messages": Bad(CHAT_PATH, chat(messages=[]), 400, param="messages"),
     "unknown role": Bad(CHAT_PATH, chat(messages=[{"role": "wizard", "content": "x"}]), 400, param="messages[0].role"),
     "role missing": Bad(CHAT_PATH, chat(messages=[{"content": "x"}]), 400),
-    "tool role": Bad(
-        CHAT_PATH, chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported_parameter", "messages[0].role"
+    "function role": Bad(
+        CHAT_PATH,
+        chat(messages=[{"role": "function", "content": "x"}]),
+        400,
+        "unsupported_parameter",
+        "messages[0].role",
+    ),
+    "tool result answering no call": Bad(
+        CHAT_PATH,
+        chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "call_1"}]),
+        400,
+        param="messages[0].tool_call_id",
     ),
     "user message without content": Bad(CHAT_PATH, chat(messages=[{"role": "user"}]), 400, param="messages[0].content"),
     "image content part": Bad(
         CHAT_PATH, chat(messages=message(content=[{"type": "image_url"}])), 400, "unsupported_parameter"
     ),
-    "tool_calls in a message": Bad(CHAT_PATH, chat(messages=message(tool_calls=[{}])), 400, "unsupported_parameter"),
+    "tool_calls in a message": Bad(CHAT_PATH, chat(messages=message(tool_calls=[{}])), 400),
     "10,000 messages": Bad(
         CHAT_PATH, chat(messages=[{"role": "user", "content": "x"}] * 10_000), 400, "context_length_exceeded"
     ),
@@ -126,13 +136,25 @@ CASES: dict[str, Any] = {
     "100,000 stop strings": Bad(CHAT_PATH, chat(stop=["x"] * 100_000), 400, param="stop"),
     "empty stop string": Bad(CHAT_PATH, chat(stop=[""]), 400, param="stop"),
     "stop string of 257 characters": Bad(CHAT_PATH, chat(stop="x" * 257), 400, param="stop"),
-    "n 2": Bad(CHAT_PATH, chat(n=2), 400, param="n"),
+    "n 9": Bad(CHAT_PATH, chat(n=9), 400, param="n"),
     "n 0": Bad(COMPLETIONS_PATH, completion(n=0), 400, param="n"),
-    "presence_penalty": Bad(CHAT_PATH, chat(presence_penalty=0.5), 400, "unsupported_parameter"),
-    "logit_bias": Bad(CHAT_PATH, chat(logit_bias={"5": 1}), 400, "unsupported_parameter", "logit_bias"),
-    "tools": Bad(CHAT_PATH, chat(tools=[{"type": "function"}]), 400, "unsupported_parameter", "tools"),
-    "tool_choice required": Bad(CHAT_PATH, chat(tool_choice="required"), 400, "unsupported_parameter"),
-    "json response_format": Bad(CHAT_PATH, chat(response_format={"type": "json_object"}), 400, "unsupported_parameter"),
+    "presence_penalty 2.5": Bad(CHAT_PATH, chat(presence_penalty=2.5), 400, param="presence_penalty"),
+    "repetition_penalty 0": Bad(COMPLETIONS_PATH, completion(repetition_penalty=0), 400, param="repetition_penalty"),
+    "logit_bias beyond the vocabulary": Bad(CHAT_PATH, chat(logit_bias={"1000": 1}), 400, param="logit_bias"),
+    "logit_bias of a word": Bad(CHAT_PATH, chat(logit_bias={"hello": 1}), 400),
+    "logit_bias 101": Bad(CHAT_PATH, chat(logit_bias={"5": 101}), 400),
+    "chat_template_kwargs naming messages": Bad(
+        CHAT_PATH, chat(chat_template_kwargs={"messages": "x"}), 400, param="chat_template_kwargs"
+    ),
+    "tools": Bad(CHAT_PATH, chat(tools=[{"type": "function"}]), 400, param="tools[0]"),
+    "tool_choice required": Bad(CHAT_PATH, chat(tool_choice="required"), 400, param="tool_choice"),
+    "yaml response_format": Bad(CHAT_PATH, chat(response_format={"type": "yaml"}), 400, param="response_format.type"),
+    "response_format schema that is not one": Bad(
+        CHAT_PATH,
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}),
+        400,
+        param="response_format",
+    ),
     "top_logprobs without logprobs": Bad(CHAT_PATH, chat(top_logprobs=3), 400, param="top_logprobs"),
     "top_logprobs 21": Bad(CHAT_PATH, chat(logprobs=True, top_logprobs=21), 400, param="top_logprobs"),
     "top_logprobs negative": Bad(CHAT_PATH, chat(logprobs=True, top_logprobs=-1), 400, param="top_logprobs"),

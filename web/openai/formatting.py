@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from engine import Logprob
+import hashlib
+
+import msgspec
+
+from engine import Logprob, ModelInfo
 from web.errors import AppError, error_body
 from web.openai.schemas import (
     AssistantMessage,
@@ -15,7 +19,9 @@ from web.openai.schemas import (
     CompletionChoice,
     CompletionLogprobsBody,
     Delta,
+    PromptTokensDetails,
     TokenLogprobBody,
+    ToolCallBody,
     TopLogprobBody,
     UsageBody,
     encoder,
@@ -33,13 +39,21 @@ def sse_error(error: AppError) -> bytes:
     return sse(error_body(error.message, error.type, error.param, error.code))
 
 
-def usage_body(prompt: int, completion: int) -> UsageBody:
-    return UsageBody(prompt, completion, prompt + completion)
+def usage_body(prompt: int, completion: int, cached: int = 0) -> UsageBody:
+    return UsageBody(prompt, completion, prompt + completion, PromptTokensDetails(cached))
+
+
+def system_fingerprint(info: ModelInfo | None) -> str | None:
+    """OpenAI's name for "the backend configuration that served this": a short hash of the loaded model and the
+    engine settings it runs with (dtype, quantization, KV pool, context), so a client sees when either changes."""
+    if info is None:
+        return None
+    return "fp_" + hashlib.sha256(msgspec.json.encode(info)).hexdigest()[:12]
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """OpenAI knows stop and length; an engine-side abort ends like a stop for the client."""
-    return None if reason is None else ("length" if reason == "length" else "stop")
+    """OpenAI knows stop, length and tool_calls (web/openai/tools.py); an engine-side abort ends like a stop."""
+    return None if reason is None else (reason if reason in ("length", "tool_calls") else "stop")
 
 
 def _token_bytes(text: str) -> list[int]:
@@ -77,27 +91,42 @@ def completion_logprobs(logprobs: list[Logprob] | None, offset: int) -> Completi
     )
 
 
+def chat_choice(
+    index: int, text: str | None, logprobs: list[Logprob] | None, reason: str | None,
+    tool_calls: list[ToolCallBody] | None = None,
+) -> ChatChoice:  # fmt: skip
+    message = AssistantMessage("assistant", text, tool_calls)
+    return ChatChoice(index, message, chat_logprobs(logprobs), finish_reason(reason))
+
+
 def chat_completion(
-    rid: str, created: int, model: str, text: str, logprobs: list[Logprob] | None, reason: str | None,
-    usage: UsageBody,
-) -> ChatCompletion:  # fmt: skip
-    choice = ChatChoice(0, AssistantMessage("assistant", text), chat_logprobs(logprobs), finish_reason(reason))
-    return ChatCompletion(rid, created, model, [choice], usage)
+    rid: str, created: int, model: str, choices: list[ChatChoice], usage: UsageBody, fingerprint: str | None
+) -> ChatCompletion:
+    return ChatCompletion(rid, created, model, choices, usage, system_fingerprint=fingerprint)
 
 
 def chat_chunk(
-    rid: str, created: int, model: str, delta: Delta, logprobs: list[Logprob] | None, reason: str | None
+    rid: str, created: int, model: str, delta: Delta, logprobs: list[Logprob] | None, reason: str | None,
+    index: int = 0, fingerprint: str | None = None,
+) -> ChatCompletionChunk:  # fmt: skip
+    choice = ChatChunkChoice(index, delta, chat_logprobs(logprobs), finish_reason(reason))
+    return ChatCompletionChunk(rid, created, model, [choice], system_fingerprint=fingerprint)
+
+
+def chat_usage_chunk(
+    rid: str, created: int, model: str, usage: UsageBody, fingerprint: str | None = None
 ) -> ChatCompletionChunk:
-    choice = ChatChunkChoice(0, delta, chat_logprobs(logprobs), finish_reason(reason))
-    return ChatCompletionChunk(rid, created, model, [choice])
+    return ChatCompletionChunk(rid, created, model, [], usage=usage, system_fingerprint=fingerprint)
 
 
-def chat_usage_chunk(rid: str, created: int, model: str, usage: UsageBody) -> ChatCompletionChunk:
-    return ChatCompletionChunk(rid, created, model, [], usage=usage)
+def completion_choice(
+    index: int, text: str, logprobs: CompletionLogprobsBody | None, reason: str | None
+) -> CompletionChoice:
+    return CompletionChoice(index, text, logprobs, finish_reason(reason))
 
 
 def completion(
-    rid: str, created: int, model: str, text: str, logprobs: CompletionLogprobsBody | None, reason: str | None,
-    usage: UsageBody | None,
+    rid: str, created: int, model: str, choices: list[CompletionChoice], usage: UsageBody | None,
+    fingerprint: str | None = None,
 ) -> Completion:  # fmt: skip
-    return Completion(rid, created, model, [CompletionChoice(0, text, logprobs, finish_reason(reason))], usage=usage)
+    return Completion(rid, created, model, choices, usage=usage, system_fingerprint=fingerprint)

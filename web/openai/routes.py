@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -11,6 +12,7 @@ from litestar.params import FromPath
 from litestar.types import Guard
 
 from web import deps
+from web.errors import AppError
 from web.generation.disconnect import ClientDisconnected
 from web.generation.gate import EngineGate
 from web.generation.intake import new_log, read_body
@@ -32,6 +34,7 @@ from web.openai.streaming import (
     start_stream,
     usage_of,
 )
+from web.openai.tools import chat_choice
 
 AnyRequest = Request[Any, Any, Any]
 
@@ -47,8 +50,26 @@ class Endpoint(Generic[Body]):
     name: str
     id_prefix: str
     decode: Callable[[bytes], Body]
-    frames: Callable[[Generation, str, str, bool], ChatFrames | CompletionFrames]
-    render: Callable[[RequestLog, Collected, Generation], object]
+    frames: Callable[[Generation, str, str, bool, str | None], ChatFrames | CompletionFrames]
+    render: Callable[[RequestLog, Collected, Generation, str | None], object]
+
+
+REQUEST_ID = "x-request-id"
+
+
+@contextmanager
+def _named_refusals(log: RequestLog) -> Iterator[None]:
+    """A refusal of a request that has a history row names the row, as its answers do (x-request-id)."""
+    try:
+        yield
+    except AppError as exc:
+        pass
+        raise
+
+
+def _named(response: Response[Any], log: RequestLog) -> Response[Any]:
+    response.headers[REQUEST_ID] = log.id
+    return response
 
 
 async def _serve(
@@ -63,33 +84,40 @@ async def _serve(
     engine -> streamed or collected; the Generation settles the ledger when it closes."""
     key: KeyInfo = request.state.api_key
     log = new_log(request, endpoint.name, endpoint.id_prefix)
-    async with ledger.refusals(log):
-        body = endpoint.decode(await read_body(request))
-        log.model, log.stream, log.user = body.model, body.stream, body.user
-        gate.check()
-        prepared = await prepare(body, key)
-        admitted = await ledger.admit(log, key, prepared)
-    generation = generations.start(log, admitted)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        streamed = endpoint.frames(generation, log.id, log.model, include_usage)
-        return await start_stream(request, generation, streamed.frames, streamed.closing)
-    try:
-        done = await collect(request, generation)
-    except ClientDisconnected:
-        return Response(b"", status_code=CLIENT_CLOSED)
-    return Response(fmt.encoder.encode(endpoint.render(log, done, generation)), media_type="application/json")
+    with _named_refusals(log):
+        async with ledger.refusals(log):
+            body = endpoint.decode(await read_body(request))
+            log.model, log.stream, log.user = body.model, body.stream, body.user
+            gate.check()
+            prepared = await prepare(body, key)
+            admitted = await ledger.admit(log, key, prepared)
+        generation = generations.start(log, admitted)
+        fingerprint = fmt.system_fingerprint(gate.client.model_info)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            streamed = endpoint.frames(generation, log.id, log.model, include_usage, fingerprint)
+            return _named(await start_stream(request, generation, streamed.frames, streamed.closing), log)
+        try:
+            done = await collect(request, generation)
+        except ClientDisconnected:
+            return _named(Response(b"", status_code=CLIENT_CLOSED), log)
+    body_json = fmt.encoder.encode(endpoint.render(log, done, generation, fingerprint))
+    return _named(Response(body_json, media_type="application/json"), log)
 
 
-def _chat_body(log: RequestLog, done: Collected, generation: Generation) -> object:
-    reason = done.final.finish_reason
-    return fmt.chat_completion(log.id, created_now(), log.model, done.text, done.logprobs, reason, usage_of(generation))
+def _chat_body(log: RequestLog, done: Collected, generation: Generation, fingerprint: str | None) -> object:
+    choices = [
+        chat_choice(i, c.text, c.logprobs, c.final.finish_reason, generation.tools) for i, c in enumerate(done.choices)
+    ]
+    return fmt.chat_completion(log.id, created_now(), log.model, choices, usage_of(generation), fingerprint)
 
 
-def _completion_body(log: RequestLog, done: Collected, generation: Generation) -> object:
-    logprobs = fmt.completion_logprobs(done.logprobs, 0)
-    reason = done.final.finish_reason
-    return fmt.completion(log.id, created_now(), log.model, done.text, logprobs, reason, usage_of(generation))
+def _completion_body(log: RequestLog, done: Collected, generation: Generation, fingerprint: str | None) -> object:
+    choices = [
+        fmt.completion_choice(i, c.text, fmt.completion_logprobs(c.logprobs, 0), c.final.finish_reason)
+        for i, c in enumerate(done.choices)
+    ]
+    return fmt.completion(log.id, created_now(), log.model, choices, usage_of(generation), fingerprint)
 
 
 CHAT = Endpoint("chat.completions", "chatcmpl-", service.decode_chat, ChatFrames, _chat_body)

@@ -21,20 +21,95 @@ Name = Annotated[str, Meta(max_length=256)]
 # as an integer (max_tokens_schema); web/openai/service.py turns it into the int.
 MaxTokens = Annotated[int, Meta(ge=1)] | Annotated[float, Meta(ge=1, multiple_of=1)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
-NoPenalty = Annotated[float, Meta(ge=0, le=0, extra=UNSUPPORTED, description="only 0: penalties are not supported")]
-NoTools = Annotated[list[Any], Meta(max_length=0, extra=UNSUPPORTED, description="tools are not supported")]
+Penalty = Annotated[float, Meta(ge=-2, le=2, description="OpenAI's: over the tokens generated so far")]
+# n choices run as n engine requests on one prompt: the bound keeps one request from taking a batch's seats.
+MAX_CHOICES = 8
+# OpenAI's logit_bias: token ids as decimal strings (web/openai/service.py checks them against the vocabulary).
+LogitBias = Annotated[
+    dict[Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,11})$")], Annotated[float, Meta(ge=-100, le=100)]],
+    Meta(max_length=300, description="token id (a decimal string below the vocabulary size) to a bias on its logit"),
+]
+# chat_template_kwargs reach the model's Jinja template beside the messages: identifiers with scalar values,
+# never a name the template call or its variables already use (RESERVED_TEMPLATE_NAMES; *_token too).
+TemplateName = Annotated[str, Meta(pattern="^[A-Za-z][A-Za-z0-9_]{0,63}$")]
+TemplateValue = Annotated[str, Meta(max_length=1024)] | int | float | bool | None
+TemplateKwargs = Annotated[dict[TemplateName, TemplateValue], Meta(max_length=16)]
+RESERVED_TEMPLATE_NAMES = frozenset(
+    (
+        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+        "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "raise_exception",
+        "strftime_now",
+    )
+)  # fmt: skip
+NoFunctions = Annotated[
+    list[Any], Meta(max_length=0, extra=UNSUPPORTED, description="deprecated by OpenAI: send tools instead")
+]
 
-# Chat roles as the chat template takes them: developer is OpenAI's newer name for system. tool and function
-# messages are unsupported (no tool calling); the rest are not roles at all.
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED_ROLES = ("tool", "function")
+# Chat roles as the chat template takes them: developer is OpenAI's newer name for system. function messages
+# (the deprecated functions API) are unsupported; the rest are not roles at all.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+UNSUPPORTED_ROLES = ("function",)
+
+# -- tools (web/tools reads them) --------------------------------------------------------------------------
+
+FunctionName = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$", description="OpenAI's function names")]
+MAX_TOOLS = 128  # OpenAI's own limit
 
 
-class ContentPart(Struct, kw_only=True):
-    type: Annotated[Literal["text"], Meta(extra=UNSUPPORTED, description="only text parts")]
+class FunctionDef(Struct, kw_only=True):
+    name: FunctionName
+    description: Annotated[str, Meta(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; None: no arguments
+    strict: bool | None = None  # forced choices follow the schema either way; auto parses what the model says
+
+
+class ToolDef(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionRef(Struct, kw_only=True):
+    name: FunctionName
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionRef
+
+
+class CalledFunction(Struct, kw_only=True):
+    name: FunctionName
+    arguments: str  # a JSON object as text, as OpenAI returns it
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A call of an earlier assistant turn, as the client sends it back."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class TextPart(Struct, kw_only=True, tag_field="type", tag="text"):
     text: str
 
 
+# Parts a multimodal model takes: named here so that they are refused as unsupported (this model is text-only,
+# web/openai/service.py), not as unknown; their payloads are not read.
+class ImagePart(Struct, tag_field="type", tag="image_url"):
+    pass
+
+
+class AudioPart(Struct, tag_field="type", tag="input_audio"):
+    pass
+
+
+class FilePart(Struct, tag_field="type", tag="file"):
+    pass
+
+
+ContentPart = TextPart | ImagePart | AudioPart | FilePart
 Content = str | list[ContentPart]
 
 
@@ -42,7 +117,8 @@ class ChatMessage(Struct, kw_only=True):
     role: str  # one of ROLES: checked by web/openai/service.py, which tells unsupported roles from unknown ones
     content: Content | None = None
     name: str | None = None
-    tool_calls: Annotated[list[Any], Meta(max_length=0, extra=UNSUPPORTED)] | None = None
+    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[str, Meta(max_length=256)] | None = None  # a tool message's: the call it answers
 
 
 Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -52,8 +128,26 @@ class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
-class TextFormat(Struct, kw_only=True):
-    type: Literal["text"] = "text"
+class TextFormat(Struct, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(Struct, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaSpec(Struct, kw_only=True):
+    name: Name
+    description: str | None = None
+    schema: dict[str, Any] | None = None  # None: any JSON object; the engine's validate_guided judges the rest
+    strict: bool | None = None  # the output always follows the schema: strict or not, it is enforced
+
+
+class JsonSchemaFormat(Struct, kw_only=True, tag_field="type", tag="json_schema"):
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
 class _SamplingFields(Struct, kw_only=True):
@@ -66,13 +160,16 @@ class _SamplingFields(Struct, kw_only=True):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: Annotated[int, Meta(ge=1, le=1, description="one choice per request")] | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     user: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: NoPenalty | None = None
-    frequency_penalty: NoPenalty | None = None
-    logit_bias: Annotated[dict[str, float], Meta(max_length=0, extra=UNSUPPORTED)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None  # vLLM's; its upper bound is the engine's
+    response_format: ResponseFormat | None = None  # vLLM takes it on completions too
     ignore_eos: bool = False  # vLLM's extension: benchmarks need every request to run to max_tokens
 
 
@@ -82,25 +179,42 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: Annotated[MaxTokens, Meta(extra={"reported_as": "max_tokens"})] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[TopLogprobs, Meta(description="needs logprobs: true")] | None = None
-    tools: NoTools | None = None
-    tool_choice: Annotated[Literal["none"], Meta(extra=UNSUPPORTED)] | None = None
-    functions: NoTools | None = None
-    response_format: Annotated[TextFormat, Meta(extra=UNSUPPORTED)] | None = None
+    tools: Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # default true, as OpenAI's
+    functions: NoFunctions | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+
+
+def _text_parts(content: dict[str, Any]) -> dict[str, Any]:
+    """content's document with only the parts the server takes: text (the others are declared to be refused as
+    unsupported, web/openai/service.py)."""
+    lists = [t for t in content["anyOf"] if t.get("type") == "array"]
+    text = {**lists[0], "items": {"$ref": lists[0]["items"]["discriminator"]["mapping"]["text"]}}
+    return {**content, "anyOf": [text if t is lists[0] else t for t in content["anyOf"]]}
 
 
 def message_schema(generated: dict[str, Any]) -> dict[str, Any]:
     """A chat message's document from msgspec's (ROLES is checked by web/openai/service.py): msgspec cannot say
-    that every role but the assistant's needs content."""
-    props = generated["properties"]
+    that every role but the assistant's needs content, that only the assistant's carry tool_calls, or that a tool
+    result needs the tool_call_id of the call it answers (an earlier one: no schema can say that)."""
+    props = {**generated["properties"], "content": _text_parts(generated["properties"]["content"])}
     content = {"anyOf": [t for t in props["content"]["anyOf"] if t != {"type": "null"}]}
-    speakers = {"enum": [r for r in ROLES if r != "assistant"]}
+    plain = {k: v for k, v in props.items() if k not in ("tool_calls", "tool_call_id")}
+    speakers = {"enum": [r for r in ROLES if r not in ("assistant", "tool")]}
     speaker = {
         **generated,
         "required": ["role", "content"],
-        "properties": {**props, "role": speakers, "content": content},
+        "properties": {**plain, "role": speakers, "content": content},
+    }
+    call_id = {"type": "string", "minLength": 1, "maxLength": 256}
+    result = {
+        **generated,
+        "required": ["role", "content", "tool_call_id"],
+        "properties": {**plain, "role": {"const": "tool"}, "content": content, "tool_call_id": call_id},
     }
     assistant = {**generated, "required": ["role"], "properties": {**props, "role": {"const": "assistant"}}}
-    return {"anyOf": [speaker, assistant]}
+    return {"anyOf": [speaker, result, assistant]}
 
 
 def prompt_schema(vocab: int | None) -> dict[str, Any]:
@@ -120,6 +234,40 @@ def max_tokens_schema(maximum: int | None) -> dict[str, Any]:
     return {"anyOf": [count, {"type": "null"}], "default": None}
 
 
+def ids_below(limit: int) -> str:
+    """A regular expression of the decimal numbers 0 .. limit - 1 written without leading zeros (a vocabulary's
+    token ids, as logit_bias spells them): JSON Schema has no numeric bound on a property's name."""
+    top = str(limit - 1)
+    shorter = [] if len(top) == 1 else ["0", f"[1-9][0-9]{{0,{len(top) - 2}}}"]
+    same = [top]
+    for i, digit in enumerate(top):
+        lowest = 1 if i == 0 and len(top) > 1 else 0
+        if int(digit) > lowest:
+            rest = len(top) - i - 1
+            same.append(f"{top[:i]}[{lowest}-{int(digit) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    return "^(" + "|".join(shorter + same) + ")$"
+
+
+def logit_bias_schema(generated: dict[str, Any], vocab: int | None) -> dict[str, Any]:
+    """logit_bias's document with its token ids below the vocabulary size, where known."""
+    if not vocab:
+        return generated
+    mapping = next(t for t in generated["anyOf"] if t.get("type") == "object")
+    bounded = {**mapping, "propertyNames": {"pattern": ids_below(vocab)}}
+    return {**generated, "anyOf": [bounded if t is mapping else t for t in generated["anyOf"]]}
+
+
+def template_kwargs_schema(generated: dict[str, Any]) -> dict[str, Any]:
+    """chat_template_kwargs' document with the names the server refuses (web/openai/service.py)."""
+    mapping = next(t for t in generated["anyOf"] if t.get("type") == "object")
+    taken = {"anyOf": [{"enum": sorted(RESERVED_TEMPLATE_NAMES)}, {"pattern": "_tokens?$"}]}
+    names = {**mapping["propertyNames"], "not": taken}
+    return {
+        **generated,
+        "anyOf": [{**mapping, "propertyNames": names} if t is mapping else t for t in generated["anyOf"]],
+    }
+
+
 # stream_options means something only for a stream: OpenAI and vLLM refuse it otherwise (web/openai/service.py).
 STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
@@ -135,10 +283,15 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 # -- responses ----------------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(Struct):
+    cached_tokens: int  # prompt tokens the prefix cache held (0 without a hit)
+
+
 class UsageBody(Struct):
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # all choices together, as OpenAI bills n > 1
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprobBody(Struct):
@@ -165,9 +318,21 @@ class CompletionLogprobsBody(Struct):
     text_offset: list[int]
 
 
-class AssistantMessage(Struct):
+class FunctionCallBody(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallBody(Struct):
+    id: str
+    function: FunctionCallBody
+    type: str = "function"
+
+
+class AssistantMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None  # None when the answer is only tool calls, as OpenAI's
+    tool_calls: list[ToolCallBody] | None = None
 
 
 class ChatChoice(Struct):
@@ -184,11 +349,27 @@ class ChatCompletion(Struct):
     choices: list[ChatChoice]
     usage: UsageBody
     object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class FunctionDeltaBody(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaBody(Struct, omit_defaults=True):
+    """A call's first delta has its id, type and name; the later ones only more of its arguments."""
+
+    index: int
+    function: FunctionDeltaBody
+    id: str | None = None
+    type: str | None = None
 
 
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDeltaBody] | None = None
 
 
 class ChatChunkChoice(Struct):
@@ -205,6 +386,7 @@ class ChatCompletionChunk(Struct):
     choices: list[ChatChunkChoice]
     object: str = "chat.completion.chunk"
     usage: UsageBody | None = None
+    system_fingerprint: str | None = None
 
 
 class CompletionChoice(Struct):
@@ -221,6 +403,7 @@ class Completion(Struct):
     choices: list[CompletionChoice]
     object: str = "text_completion"
     usage: UsageBody | None = None
+    system_fingerprint: str | None = None
 
 
 class ModelCard(Struct):

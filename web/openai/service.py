@@ -5,6 +5,7 @@ InvalidRequest naming the offending parameter."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -12,20 +13,27 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
-from engine import ModelInfo, SamplingParams
+from engine import GuidedDecoding, ModelInfo, SamplingParams, validate_guided
 from web.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
 from web.generation.backend import EngineClient
 from web.generation.gate import EngineGate
 from web.generation.policy import Prepared, effective_max_tokens
 from web.keys.service import KeyInfo
 from web.openai.schemas import (
+    RESERVED_TEMPLATE_NAMES,
     ROLES,
     UNSUPPORTED_ROLES,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    ResponseFormat,
+    TextPart,
     _SamplingFields,
 )
+from web.openai.tools import check_tool_results, tool_plan, with_tool_turn
+from web.tools import NO_TOOLS, ToolPlan, template_inputs
 
 T = TypeVar("T")
 THREAD_CHARS = 16_384  # tokenizing more text than this moves off the event loop
@@ -127,25 +135,82 @@ def sampling_fields(body: _SamplingFields) -> dict[str, Any]:
         "seed": body.seed,
         "stop": stop,
         "ignore_eos": body.ignore_eos,
+        "min_p": body.min_p or 0.0,
+        "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        # The schema let only decimal strings through; Prompts checks them against the vocabulary.
+        "logit_bias": tuple((int(token), bias) for token, bias in (body.logit_bias or {}).items()),
+        "guided": guided_decoding(body.response_format),
     }
     return fields
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template takes them: supported roles, text content only."""
+def guided_decoding(response_format: ResponseFormat | None) -> GuidedDecoding | None:
+    """response_format as the engine's constraint (text: none)."""
+    if isinstance(response_format, JsonObjectFormat):
+        return GuidedDecoding(kind="json_object")
+    if isinstance(response_format, JsonSchemaFormat):
+        schema = response_format.json_schema.schema
+        if schema is None:  # OpenAI requires one; vLLM and LangChain's json_mode fall back to any object
+            return GuidedDecoding(kind="json_object")
+        return GuidedDecoding(kind="json_schema", schema=msgspec.json.encode(schema).decode())
+    return None
+
+
+async def forced_tool_guided(plan: ToolPlan, guided: GuidedDecoding | None) -> GuidedDecoding | None:
+    """The constraint of tool_choice required or named (its schemas checked off the event loop: the compiler
+    judges them), which cannot share the output with response_format's."""
+    if plan.mode not in ("named", "required"):
+        return guided
+    if guided is not None:
+        raise InvalidRequest(
+            "response_format cannot be combined with tool_choice required or a named function: both constrain "
+            "the whole output",
+            param="tool_choice",
+        )
+    return await asyncio.to_thread(plan.guided)
+
+
+async def check_guided(guided: GuidedDecoding | None) -> None:
+    """The engine's check of a constraint, before admission, off the event loop: its first use imports
+    xgrammar (and torch), and a large schema takes a while to parse."""
+    if guided is None:
+        return
+    try:
+        await asyncio.to_thread(validate_guided, guided)
+    except RecursionError:  # msgspec took the nesting; a parser below it may not
+        raise InvalidRequest("the JSON schema is nested too deeply", param="response_format") from None
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """chat_template_kwargs as the template may take them: never one of the template call's own arguments or
+    variables, nor a special token's name (a client could otherwise redefine eos_token inside the prompt)."""
+    for name in kwargs or {}:
+        if name in RESERVED_TEMPLATE_NAMES or name.endswith(("_token", "_tokens")):
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {shown(name)}: the server sets it", param="chat_template_kwargs"
+            )
+    return dict(kwargs or {})
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them: supported roles, text content, tool turns in the HF shape."""
     out = []
     for i, m in enumerate(messages):
         role = ROLES.get(m.role)
         if role is None:
             if m.role in UNSUPPORTED_ROLES:
                 raise UnsupportedParameter(
-                    f"role {shown(m.role)} is not supported: this server has no tool calling",
+                    f"role {shown(m.role)} is not supported: it belongs to the deprecated functions API; send tools "
+                    "and tool messages",
                     param=f"messages[{i}].role",
                 )
             raise InvalidRequest(
-                f"role {shown(m.role)} is not one of system, user, assistant", param=f"messages[{i}].role"
+                f"role {shown(m.role)} is not one of system, user, assistant, tool", param=f"messages[{i}].role"
             )
-        out.append({"role": role, "content": _text_content(m, i)})
+        out.append(with_tool_turn({"role": role, "content": _text_content(m, i)}, m, i))
+    check_tool_results(out)
     return out
 
 
@@ -156,7 +221,16 @@ def _text_content(m: ChatMessage, i: int) -> str:
         if m.role == "assistant":
             return ""
         raise InvalidRequest(f"a {m.role} message needs content", param=f"messages[{i}].content")
-    return "".join(part.text for part in m.content)
+    texts = []
+    for j, part in enumerate(m.content):
+        if not isinstance(part, TextPart):
+            kind = type(part).__struct_config__.tag
+            raise UnsupportedParameter(
+                f"content parts of type '{kind}' are not supported: this model is text-only",
+                param=f"messages[{i}].content[{j}].type",
+            )
+        texts.append(part.text)
+    return "".join(texts)
 
 
 class Prompts:
@@ -175,28 +249,52 @@ class Prompts:
             raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         messages = chat_messages(body.messages)
+        extra = template_kwargs(body.chat_template_kwargs)
+        plan = tool_plan(body, self.client.tokenizer)
+        await check_guided(fields["guided"])
+        fields["guided"] = await forced_tool_guided(plan, fields["guided"])
         size = sum(len(m["content"]) for m in messages)
         self._check_chars(size, "messages")
-        ids = await _maybe_in_thread(size, _apply_template, self.client.tokenizer, messages)
+        ids = await self._template_ids(messages, plan, extra)
         requested = whole(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens)
         text = msgspec.json.encode(messages).decode() if self.store_text else None
-        return self._prepared(ids, requested, fields, key, text, "messages")
+        prepared = self._prepared(ids, requested, fields, key, text, "messages", body.n or 1)
+        return dataclasses.replace(prepared, tools=plan)
 
     async def conversation(
-        self, messages: list[dict[str, Any]], requested: int | None, fields: dict[str, Any], key: KeyInfo
+        self,
+        messages: list[dict[str, Any]],
+        requested: int | None,
+        fields: dict[str, Any],
+        key: KeyInfo,
+        plan: ToolPlan = NO_TOOLS,
     ) -> Prepared:
-        """Messages another API normalized to the chat template's shape (each with a text "content"), with their
-        sampling fields in engine terms: the same checks, template and key policy as a chat completion's."""
+        """Messages another API normalized to the chat template's shape (each with a text "content"; tool turns in
+        the HF shape, web/tools/conversation.py), with their sampling fields in engine terms (a forced tool
+        choice's guided decoding among them: see forced_tool_guided): the same checks, template and key policy
+        as a chat completion's; `plan` renders the tools and travels to the response (Prepared.tools)."""
         size = sum(len(m["content"]) for m in messages)
         self._check_chars(size, "messages")
-        ids = await _maybe_in_thread(size, _apply_template, self.client.tokenizer, messages)
+        ids = await self._template_ids(messages, plan)
         text = msgspec.json.encode(messages).decode() if self.store_text else None
-        return self._prepared(ids, requested, fields, key, text, "messages")
+        return dataclasses.replace(self._prepared(ids, requested, fields, key, text, "messages"), tools=plan)
+
+    async def _template_ids(
+        self, messages: list[dict[str, Any]], plan: ToolPlan, extra: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt's ids: messages and tools through the model's template (web/tools/render.py)."""
+        tokenizer = self.client.tokenizer
+        inputs = template_inputs(messages, plan, tokenizer)
+        size = sum(len(m["content"]) for m in inputs["conversation"])
+        return await _maybe_in_thread(
+            size, _apply_template, tokenizer, inputs["conversation"], {**(extra or {}), "tools": inputs["tools"]}
+        )
 
     async def completion(self, body: CompletionRequest, key: KeyInfo) -> Prepared:
         check_model(self.gate, body.model)
         fields = sampling_fields(body)
         fields["logprobs"] = body.logprobs
+        await check_guided(fields["guided"])
         prompt = _single_prompt(body.prompt)
         tokenizer = self.client.tokenizer
         if isinstance(prompt, str):
@@ -211,7 +309,7 @@ class Prompts:
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         text = (prompt if isinstance(prompt, str) else str(prompt)) if self.store_text else None
-        return self._prepared(ids, whole(body.max_tokens), fields, key, text, "prompt")
+        return self._prepared(ids, whole(body.max_tokens), fields, key, text, "prompt", body.n or 1)
 
     def _model_info(self) -> ModelInfo:
         info = self.client.model_info
@@ -236,16 +334,28 @@ class Prompts:
         key: KeyInfo,
         text: str | None,
         prompt_field: str,
+        n: int = 1,
     ) -> Prepared:
         info = self._model_info()
         max_tokens = effective_max_tokens(requested, key, self.default_max_tokens, len(ids), info, prompt_field)
-        # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission.
-        return Prepared(ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text)
+        vocab = len(self.client.tokenizer)
+        bad = next((t for t, _ in fields.get("logit_bias", ()) if t >= vocab), None)
+        if bad is not None:
+            raise InvalidRequest(
+                f"logit_bias names token {bad}, outside the vocabulary (0..{vocab - 1})", param="logit_bias"
+            )
+        # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission, and
+        # so do the seeds of the later choices (seed + i).
+        prepared = Prepared(ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text, n=n)
+        prepared.choices()
+        return prepared
 
 
-def _apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> list[int]:
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **(extra or {})
+        )
     except Exception as exc:  # the template is model data: any failure there is a refusal of the messages
         raise InvalidRequest(f"the model's chat template rejected the messages: {exc}", param="messages") from None
     return list(ids)

@@ -21,7 +21,8 @@ from web.errors import AppError
 from web.generation.disconnect import ClientDisconnected, unless_disconnected
 from web.generation.run import Generation
 from web.openai import formatting as fmt
-from web.openai.schemas import Completion, Delta, UsageBody, encoder
+from web.openai.schemas import Delta, UsageBody, encoder
+from web.openai.tools import StreamedCalls
 
 logger = logging.getLogger("web.openai")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,35 +33,57 @@ QUEUE_NOTICE_S = 1.0
 
 
 @dataclass(slots=True)
-class Collected:
+class CollectedChoice:
     text: str
     logprobs: list[Logprob] | None
     final: RequestOutput
 
 
+@dataclass(slots=True)
+class Collected:
+    choices: list[CollectedChoice]  # by index
+
+    @property
+    def text(self) -> str:
+        """The first choice's text: the whole answer of an API without n."""
+        return self.choices[0].text
+
+    @property
+    def final(self) -> RequestOutput:
+        return self.choices[0].final
+
+
 def usage_of(generation: Generation) -> UsageBody:
     log = generation.log
-    return fmt.usage_body(log.prompt_tokens, log.completion_tokens)
+    return fmt.usage_body(log.prompt_tokens, log.completion_tokens, log.cached_tokens)
 
 
 async def collect(request: Request[Any, Any, Any], generation: Generation) -> Collected:
     """Run a non-streamed request to its end; a client that leaves meanwhile aborts it."""
 
+    n = len(generation.finals)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[Logprob] | None] = [None] * n
+
+    def take(out: RequestOutput) -> None:
+        i = generation.index_of(out)
+        parts[i].append(out.text)
+        if out.logprobs is not None:
+            logprobs[i] = (logprobs[i] or []) + out.logprobs
+
     async def run() -> Collected:
-        first = await generation.first()
-        parts, logprobs = [first.text], list(first.logprobs) if first.logprobs is not None else None
+        take(await generation.first())
         async for out in generation:
-            parts.append(out.text)
-            if out.logprobs is not None:
-                logprobs = (logprobs or []) + out.logprobs
-        assert generation.final is not None
-        return Collected("".join(parts), logprobs, generation.final)
+            take(out)
+        finals = [f for f in generation.finals if f is not None]
+        assert len(finals) == n
+        return Collected([CollectedChoice("".join(p), lp, f) for p, lp, f in zip(parts, logprobs, finals, strict=True)])
 
     try:
         collected = await unless_disconnected(request.receive, run())
     finally:
         await generation.close()
-    if collected.final.finish_reason == "abort":
+    if generation.aborted:
         raise generation.error_for_abort()
     return collected
 
@@ -128,7 +151,7 @@ async def start_stream(
                 if data := b"".join(frames(out, False)):
                     yield data
             await generation.close()  # quota settled before [DONE] (or queued while storage is down)
-            if generation.final is not None and generation.final.finish_reason == "abort":
+            if generation.aborted:
                 yield error_frame(generation.error_for_abort())
             else:
                 yield b"".join([*closing(), done])
@@ -159,47 +182,70 @@ def created_now() -> int:
 
 
 class ChatFrames:
-    """SSE frames of one chat completion stream."""
+    """SSE frames of one chat completion stream: each chunk carries its choice's index; each choice starts with
+    the assistant's role and ends with its own finish_reason."""
 
-    def __init__(self, generation: Generation, rid: str, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, generation: Generation, rid: str, model: str, include_usage: bool, fingerprint: str | None
+    ) -> None:
         self.generation, self.rid, self.model, self.include_usage = generation, rid, model, include_usage
+        self.fingerprint = fingerprint
         self.created = created_now()
+        self.started: set[int] = set()
+        self.calls = StreamedCalls(generation.tools)
 
     def frames(self, out: RequestOutput, is_first: bool) -> list[bytes]:
+        """`is_first`: the stream's first delta; each choice's own first is told by `started`."""
+        index = self.generation.index_of(out)
+        first = index not in self.started
+        self.started.add(index)
         frames = []
-        if is_first or out.text or out.logprobs:
-            delta = Delta(role="assistant", content=out.text) if is_first else Delta(content=out.text)
-            chunk = fmt.chat_chunk(self.rid, self.created, self.model, delta, out.logprobs, None)
+        text, calls, reason = out.text, None, out.finish_reason
+        if self.calls.active:
+            text, calls, reason = self.calls.delta(index, out.text, out.finished, out.finish_reason)
+        if first or text or calls or out.logprobs:
+            content = text if text or not calls else None
+            role = "assistant" if first else None
+            delta = Delta(role=role, content=content, tool_calls=calls)
+            chunk = fmt.chat_chunk(
+                self.rid, self.created, self.model, delta, out.logprobs, None, index, self.fingerprint
+            )
             frames.append(b"data: " + encoder.encode(chunk) + b"\n\n")
         if out.finished and out.finish_reason != "abort":
-            end = fmt.chat_chunk(self.rid, self.created, self.model, Delta(), None, out.finish_reason)
+            end = fmt.chat_chunk(self.rid, self.created, self.model, Delta(), None, reason, index, self.fingerprint)
             frames.append(fmt.sse(end))
         return frames
 
     def closing(self) -> list[bytes]:
         if not self.include_usage:
             return []
-        return [fmt.sse(fmt.chat_usage_chunk(self.rid, self.created, self.model, usage_of(self.generation)))]
+        usage = usage_of(self.generation)
+        return [fmt.sse(fmt.chat_usage_chunk(self.rid, self.created, self.model, usage, self.fingerprint))]
 
 
 class CompletionFrames:
-    """SSE frames of one text completion stream."""
+    """SSE frames of one text completion stream, each choice's logprob offsets counted on its own text."""
 
-    def __init__(self, generation: Generation, rid: str, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, generation: Generation, rid: str, model: str, include_usage: bool, fingerprint: str | None
+    ) -> None:
         self.generation, self.rid, self.model, self.include_usage = generation, rid, model, include_usage
+        self.fingerprint = fingerprint
         self.created = created_now()
-        self.offset = 0
+        self.offsets = [0] * len(generation.finals)
 
     def frames(self, out: RequestOutput, is_first: bool) -> list[bytes]:
         reason = out.finish_reason if out.finished and out.finish_reason != "abort" else None
         if not (out.text or out.logprobs or reason):
             return []
-        logprobs = fmt.completion_logprobs(out.logprobs, self.offset)
-        self.offset += len(out.text)
-        return [fmt.sse(fmt.completion(self.rid, self.created, self.model, out.text, logprobs, reason, None))]
+        index = self.generation.index_of(out)
+        logprobs = fmt.completion_logprobs(out.logprobs, self.offsets[index])
+        self.offsets[index] += len(out.text)
+        choice = fmt.completion_choice(index, out.text, logprobs, reason)
+        return [fmt.sse(fmt.completion(self.rid, self.created, self.model, [choice], None, self.fingerprint))]
 
     def closing(self) -> list[bytes]:
         if not self.include_usage:
             return []
         usage = usage_of(self.generation)
-        return [fmt.sse(Completion(self.rid, self.created, self.model, [], usage=usage))]
+        return [fmt.sse(fmt.completion(self.rid, self.created, self.model, [], usage, self.fingerprint))]
