@@ -124,3 +124,24 @@ def test_a_schema_nested_past_the_recursion_limit_is_refused() -> None:
     with pytest.raises(InvalidRequest) as nested:
         tool_spec("f", None, deep, "tools[0].function.name", "tools[0].function.parameters")
     assert nested.value.param == "tools[0].function.parameters"
+
+
+def test_a_tool_template_renders_tools_and_calls_through_transformers() -> None:
+    """transformers' own apply_chat_template with a (minimal, our own) tool-aware template: the tools reach it as
+    `tools`, an assistant's calls with their arguments as a dict, a result with its call's id."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tokenizer.chat_template = (
+        "{% for t in tools or [] %}<tool {{ t.function.name }}>{% endfor %}{% for m in messages %}[{{ m.role }}]"
+        "{{ m.content }}{% for c in m.tool_calls or [] %}<call {{ c.function.name }} {{ c.function.arguments.city }}>"
+        "{% endfor %}{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{% endfor %}"
+    )
+    inputs = template_inputs(HISTORY, ToolPlan(TOOLS, AUTO), tokenizer)
+    rendered = tokenizer.apply_chat_template(inputs["conversation"], tools=inputs["tools"], tokenize=False)
+    assert rendered == (
+        "<tool get_weather><tool get_time>[user]Weather in Paris and the time?"
+        "[assistant]<call get_weather Paris><call get_time >[tool]sunny(call_1)[tool]noon(call_2)"
+    )
