@@ -33,7 +33,11 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % VOCAB for c in text]
 
-    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
+    def __init__(self) -> None:
+        self.template_kwargs: dict[str, Any] = {}  # the latest call's keyword arguments
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        self.template_kwargs = kwargs
         if any(m["content"] == "BREAK TEMPLATE" for m in messages):
             raise ValueError("roles must alternate")
         return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
@@ -72,6 +76,7 @@ class FakeEngineClient:
         self.tenant_stats: list[TenantStats] = []  # what stats() reports of the busy tenants
         # A queue in front of the seats: each request waits queue_wait seconds with queue_ahead requests before it.
         self.queue_wait = 0.0
+        self.cached_prompt_tokens = 0  # what each request's usage says the prefix cache held
         self.queue_ahead = 0
         self._admitted_at: dict[str, float] = {}
         self._abort_flags: set[str] = set()
@@ -184,7 +189,7 @@ class FakeEngineClient:
                 if last:
                     done = True
                     out.finish_reason = reason
-                    out.usage = Usage(len(ids), i + 1)
+                    out.usage = Usage(len(ids), i + 1, min(self.cached_prompt_tokens, len(ids)))
                     out.timings = Timings(arrival, scheduled, first, now)
                 yield out
                 if last:

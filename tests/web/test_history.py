@@ -102,7 +102,7 @@ async def test_admin_history_filters_and_pages(client: Any) -> None:
     first, second = await new_key(client, "a"), await new_key(client, "b")
     for key in (first, first, first, second):
         await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
-    await client.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=bearer(second))
+    await client.post("/v1/chat/completions", json={**CHAT, "n": 99}, headers=bearer(second))
     page = (await client.get("/admin/api/requests?limit=2", headers=ADMIN)).json()
     assert page["total"] == 5 and len(page["data"]) == 2 and page["limit"] == 2
     arrivals = [parse(r["arrival_at"]) for r in page["data"]]

@@ -51,7 +51,7 @@ async def test_metrics_content(client: Any) -> None:
     key = await new_key(client, "team", quota_tokens=1000)
     for _ in range(2):
         await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer(key))
-    await client.post("/v1/chat/completions", json={**CHAT, "n": 2}, headers=bearer(key))
+    await client.post("/v1/chat/completions", json={**CHAT, "n": 99}, headers=bearer(key))
     response = await client.get("/metrics", headers=bearer(METRICS_TOKEN))
     assert response.headers["content-type"].startswith("text/plain")
     found = samples(response.text)

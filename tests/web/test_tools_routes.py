@@ -180,6 +180,7 @@ CALLED = {
         ({"tools": [{**WEATHER, "function": {"name": "f", "parameters": {"type": "array"}}}]}, None,
          "tools[0].function.parameters"),
         ({"tools": [{**WEATHER, "function": {"name": "bad name!"}}]}, None, "tools[0].function.name"),
+        ({"tools": [WEATHER, WEATHER]}, None, "tools[1].function.name"),
         ({"tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
           "properties": {"a": {"type": "no-such-type"}}}}}], "tool_choice": "required"}, None,
          "tools[1].function.parameters"),

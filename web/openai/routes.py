@@ -63,7 +63,7 @@ def _named_refusals(log: RequestLog) -> Iterator[None]:
     try:
         yield
     except AppError as exc:
-        pass
+        exc.headers[REQUEST_ID] = log.id
         raise
 
 

@@ -30,9 +30,11 @@ from web.openai.schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    logit_bias_schema,
     max_tokens_schema,
     message_schema,
     prompt_schema,
+    template_kwargs_schema,
 )
 
 TITLE = "LLM appliance"
@@ -125,6 +127,8 @@ def _for_the_served_model(
             if name in body["properties"]:
                 body["properties"][name] = max_tokens_schema(max_model_len - 1 if max_model_len else None)
         body["dependentSchemas"] = STREAM_OPTIONS_NEED_STREAM
+        body["properties"]["logit_bias"] = logit_bias_schema(body["properties"]["logit_bias"], vocab)
+    chat["properties"]["chat_template_kwargs"] = template_kwargs_schema(chat["properties"]["chat_template_kwargs"])
     completion["properties"]["prompt"] = prompt_schema(vocab)
     components["ChatMessage"] = message_schema(components["ChatMessage"])
 

@@ -50,15 +50,19 @@ class HermesReader:
         self._names = names
         self._pending = ""
         self._inside = False
+        self._searched = 0  # where the search for the closing tag goes on: a long block is scanned once
 
     def feed(self, text: str, out: EventSink) -> None:
         self._pending += text
         while True:
             marker = HERMES_CLOSE if self._inside else HERMES_OPEN
-            at = self._pending.find(marker)
+            at = self._pending.find(marker, self._searched if self._inside else 0)
             if at < 0:
+                if self._inside:
+                    self._searched = max(0, len(self._pending) - len(marker) + 1)
                 break
             before, self._pending = self._pending[:at], self._pending[at + len(marker) :]
+            self._searched = 0
             if self._inside:
                 self._block(before, True, out)
             else:

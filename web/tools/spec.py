@@ -25,6 +25,7 @@ class ToolSpec:
     description: str | None
     parameters: Mapping[str, Any]
     schema_param: str = "tools"  # the body's field holding `parameters`, for errors: "tools[2].function.parameters"
+    name_param: str = "tools"  # and the one holding `name`
 
     def as_openai(self) -> dict[str, Any]:
         """The shape chat templates take in `tools=` (transformers documents OpenAI's)."""
@@ -88,14 +89,14 @@ def tool_spec(
         json.dumps(schema)
     except RecursionError:
         raise InvalidRequest(f"{schema_param} is nested too deeply", param=schema_param) from None
-    return ToolSpec(name, description, schema, schema_param)
+    return ToolSpec(name, description, schema, schema_param, name_param)
 
 
 def check_unique(tools: Sequence[ToolSpec]) -> None:
     seen: set[str] = set()
     for tool in tools:
         if tool.name in seen:
-            raise InvalidRequest(f"a second function named '{tool.name}' in tools", param=tool.schema_param)
+            raise InvalidRequest(f"a second function named '{tool.name}' in tools", param=tool.name_param)
         seen.add(tool.name)
 
 
