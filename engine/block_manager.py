@@ -183,7 +183,7 @@ class BlockManager:
         for i in range(state.num_cached, num_full):
             tokens = tuple(token_ids[i * size : (i + 1) * size])
             key = block_hash(state.last_key, tokens)
-            if self._promised.get(key) == request_id:
+            if self._promised.get(key) == request_id:  # kept, it would only slow awaits_prefix down
                 del self._promised[key]
             block_id = state.table[i]
             block = self._blocks[block_id]

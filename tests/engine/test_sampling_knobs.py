@@ -292,6 +292,23 @@ def test_copies_go_ahead_when_the_first_is_aborted_mid_prompt() -> None:
     assert sched.requests["seq-1"].num_cached_prompt_tokens == 2 * BLOCK
 
 
+def test_a_promise_lasts_until_its_blocks_are_cached_or_its_request_is_freed() -> None:
+    blocks = BlockManager(32, BLOCK)
+    assert blocks.allocate_slots("first", len(PROMPT))
+    blocks.promise("first", PROMPT)
+    assert blocks.awaits_prefix(PROMPT, [])
+    assert not blocks.awaits_prefix([1, *PROMPT[1:]], []), "another prompt waits for nothing"
+    blocks.cache_blocks("first", PROMPT, 2 * BLOCK)
+    hits, _ = blocks.get_computed_blocks(PROMPT)
+    assert len(hits) == 2 and blocks.awaits_prefix(PROMPT, hits)
+    blocks.free("first")
+    assert not blocks.awaits_prefix(PROMPT, hits)
+    off = BlockManager(32, BLOCK, enable_prefix_caching=False)
+    assert off.allocate_slots("first", len(PROMPT))
+    off.promise("first", PROMPT)
+    assert not off.awaits_prefix(PROMPT, [])
+
+
 def test_n_greedy_sequences_equal_separate_runs_and_seeded_ones_their_own_seed(llm: LLM) -> None:
     prompt = [(7 * i + 100) % 49000 + 50 for i in range(5 * BLOCK + 3)]
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
