@@ -144,13 +144,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _clean_env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("APPLIANCE_", "VLLM_"))}
 
 
 def appliance_server(name: str, quantization: str, dtype: str, data_dir: Path) -> Server:
     port = free_port()
-    env = _clean_env() | {
+    env = clean_env() | {
         "APPLIANCE_DATA_DIR": str(data_dir),
         "APPLIANCE_PORT": str(port),
         "APPLIANCE_QUANTIZATION": quantization,
@@ -166,7 +166,7 @@ def appliance_server(name: str, quantization: str, dtype: str, data_dir: Path) -
 def vllm_server(python: Path, model_dir: Path, dtype: str) -> Server:
     port = free_port()
     # One OpenMP thread, as the appliance's engine takes on two cores; 1 GiB of KV, as the appliance's default.
-    env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    env = clean_env() | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", "2048",
@@ -236,7 +236,7 @@ def measure(args: argparse.Namespace, server: Server, key: str, model_dir: Path,
     warm(server.url, key)
     command = aiperf_command(args, server, key, model_dir, dataset, out)
     with (WORK / f"{server.log.stem}.aiperf.log").open("w") as log:
-        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, env=_clean_env())
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, env=clean_env())
     exports = sorted(out.rglob("profile_export_aiperf.json"))
     if not exports:
         raise RuntimeError(f"aiperf wrote no profile_export_aiperf.json under {out}")
@@ -244,14 +244,20 @@ def measure(args: argparse.Namespace, server: Server, key: str, model_dir: Path,
 
 
 def appliance_key(data_dir: Path) -> str:
-    """Migrate the bench's own database and create one key without limits in it (printed once, on stdout)."""
-    env = _clean_env() | {"APPLIANCE_DATA_DIR": str(data_dir)}
+    """Migrate the bench's own database and create one key without limits in it."""
+    return create_keys(data_dir, ["bench"])["bench"]
+
+
+def create_keys(data_dir: Path, names: list[str]) -> dict[str, str]:
+    """Migrate the database in data_dir and create a key without limits per name (the CLI prints it once)."""
+    env = clean_env() | {"APPLIANCE_DATA_DIR": str(data_dir)}
     appliance = str(Path(sys.executable).with_name("appliance"))
     subprocess.run([appliance, "migrate"], env=env, check=True, capture_output=True)
-    created = subprocess.run(
-        [appliance, "keys", "create", "bench"], env=env, check=True, capture_output=True, text=True
-    )
-    return created.stdout.strip().splitlines()[-1]
+    keys = {}
+    for name in names:
+        made = subprocess.run([appliance, "keys", "create", name], env=env, check=True, capture_output=True, text=True)
+        keys[name] = made.stdout.strip().splitlines()[-1]
+    return keys
 
 
 def converted_model(data_dir: Path) -> Path:
