@@ -203,3 +203,15 @@ async def test_bad_tools_input_is_refused_and_recorded(
     assert error["type"] == "invalid_request_error"
     (row,) = rows(db, "SELECT status, error FROM requests")
     assert row["status"] == "rejected" and row["error"] == error["message"]
+
+
+async def test_each_of_n_choices_reads_its_own_calls(client: Any, key: str, fake: ScriptedFake) -> None:
+    fake.script = CALL
+    body = (await chat(client, key, n=2)).json()
+    assert [c["finish_reason"] for c in body["choices"]] == ["tool_calls", "tool_calls"]
+    chunks = sse_events((await chat(client, key, n=2, stream=True)).text)[:-1]
+    for index in (0, 1):
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+        assert json.loads("".join(tc["function"]["arguments"] for tc in calls)) == {"city": "Paris"}
+        assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
