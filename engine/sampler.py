@@ -50,7 +50,7 @@ def sample(
         token_ids[idx] = _argmax(logits)[idx]
     rest = [i for i, p in enumerate(params) if not p.greedy or adjusts_logits(p)]
     if rest:
-        rows = _adjusted(logits[_index(rest, n, logits.device)], [params[i] for i in rest], rest, histories)
+        rows = _adjusted(logits, rest, params, histories)
         greedy = [j for j, i in enumerate(rest) if params[i].greedy]
         if greedy:
             picked = _argmax(rows[_index(greedy, len(rest), logits.device)])
@@ -64,24 +64,26 @@ def sample(
 
 
 def _adjusted(
-    rows: torch.Tensor,
-    params: list[SamplingParams],
-    row_ids: list[int],
+    logits: torch.Tensor,
+    rest: list[int],
+    params: Sequence[SamplingParams],
     histories: Sequence[TokenHistory] | None,
 ) -> torch.Tensor:
-    """rows with logit_bias and the penalties applied where a row sets them; never writes into `rows`, which
-    may be a view of the model's logits."""
-    knobbed = [j for j, p in enumerate(params) if adjusts_logits(p)]
+    """logits' rows `rest`, with logit_bias and the penalties applied to the rows that set them; never writes
+    into logits, the model's own tensor (a fp32 model's logits are not copied by .float())."""
+    knobbed = [i for i in rest if adjusts_logits(params[i])]
     if not knobbed:
-        return rows
+        return logits[_index(rest, logits.shape[0], logits.device)]
     if histories is None:
         raise ValueError("logit_bias and penalties need the rows' token histories")
-    idx = torch.tensor(knobbed, device=rows.device)
-    changed = rows[idx]  # a copy: indexing with a tensor
-    apply_penalties(changed, [params[j] for j in knobbed], [histories[row_ids[j]] for j in knobbed])
-    if len(knobbed) == len(params):
+    changed = logits[torch.tensor(knobbed, device=logits.device)]  # a copy: indexing with a tensor
+    apply_penalties(changed, [params[i] for i in knobbed], [histories[i] for i in knobbed])
+    if len(knobbed) == len(rest):
         return changed
-    return rows.index_copy(0, idx, changed)
+    rows = logits.index_select(0, torch.tensor(rest, device=logits.device))  # a copy, even of every row
+    at = [j for j, i in enumerate(rest) if adjusts_logits(params[i])]
+    rows[torch.tensor(at, device=logits.device)] = changed
+    return rows
 
 
 def _draw(
