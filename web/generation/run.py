@@ -179,7 +179,7 @@ class Generation:
         # choice 0's, the prompt is counted once and the completions summed (as OpenAI bills n > 1).
         if out.usage is not None or (index == 0 and out.timings is not None):
             log.apply_engine_result(self._usage(), out.timings if index == 0 else None)
-        finals = [f for f in self.finals if f is not None]
+        finals = [f for f in self.finals if f is not None] if out.finished else []
         if len(finals) == len(self.finals):
             self.final = out
             log.finish_reason = "abort" if self.aborted else finals[0].finish_reason
