@@ -35,8 +35,8 @@ def sample(
     generators: Sequence[torch.Generator | None],
     histories: Sequence[TokenHistory] | None = None,
 ) -> SampleResult:
-    """logits [N, V]; params, generators and histories (the rows' token ids, read only by rows with penalties)
-    one per row. A row with a generator draws only from it, so a seeded request samples the same tokens
+    """logits [N, V]; params, generators and histories (the rows' token ids: needed once a row sets logit_bias
+    or a penalty) one per row. A row with a generator draws only from it, so a seeded request samples the same tokens
     whatever else shares its batch. Logprobs come from the raw model logits, before any knob (as vLLM's
     default): they say what the model thought, not what the knobs made of it."""
     logits = logits.float()
