@@ -16,6 +16,8 @@ from litestar import Litestar
 from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from web.anthropic.errors import on_messages_paths
+from web.anthropic.routes import anthropic_router
 from web.config import WebConfig
 from web.console.mount import pages
 from web.db import create_db_engine, create_sessionmaker, upgrade_schema
@@ -150,8 +152,10 @@ def app_of(gateway: Gateway) -> Litestar:
             await gateway.stop(engine_task)
 
     admin = admin_guard(gateway.admin)
+    api_key = api_key_guard(gateway.keys)
     api = [
-        openai_router(api_key_guard(gateway.keys)),
+        openai_router(api_key),
+        anthropic_router(api_key),
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),
         keys_router(admin),
@@ -163,7 +167,7 @@ def app_of(gateway: Gateway) -> Litestar:
         route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],
         dependencies=dependencies,
         template_config=browser.template_config,
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=on_messages_paths(EXCEPTION_HANDLERS),
         lifespan=[lifespan],
         request_max_body_size=gateway.config.max_body_bytes,
         openapi_config=None,  # the document is web/system/openapi.py's: Litestar's alone is wrong (and at /schema)

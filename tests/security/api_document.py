@@ -64,6 +64,8 @@ def with_engine_limits(served: dict[str, Any]) -> dict[str, Any]:
     }
     for properties in _requests(doc):
         properties.update(limits)
+    messages = doc["components"]["schemas"]["AnthropicMessagesRequest"]["properties"]
+    messages["stop_sequences"] = nullable({"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS})
     return doc
 
 
@@ -109,12 +111,32 @@ def fits_context(served: dict[str, Any]) -> dict[str, Any]:
         branch["properties"].pop("tool_calls", None)
     # Any JSON Schema fits the document; only the engine's compiler says which ones it can enforce.
     schemas["JsonSchemaSpec"]["properties"]["schema"] = nullable({"const": {"type": "object"}})
+    _anthropic_fits(schemas)
     for name in ("KeyCreate", "KeyUpdate"):
         schemas[name]["properties"]["name"] = {"type": "string", "pattern": "[0-9A-Za-z]"}
     for parameter in doc["paths"]["/admin/api/requests"]["get"]["parameters"]:
         if parameter["name"] in ("since", "until"):
             parameter["schema"]["anyOf"][0]["pattern"] = INSIDE_THE_CALENDAR
     return doc
+
+
+def _anthropic_fits(schemas: dict[str, Any]) -> None:
+    """The Messages API's valid requests: small, text only (image and document blocks are refused: a text-only
+    model), no tool blocks (a tool_result must answer an earlier tool_use, one only in its role's messages) and no
+    tools (as for chat)."""
+    for name in ("AnthropicMessagesRequest", "AnthropicCountTokensRequest"):
+        properties = schemas[name]["properties"]
+        properties["tools"] = {"type": "null"}
+        properties["tool_choice"] = {"type": "null"}
+        _walk(properties["messages"], _small)
+        _walk(properties["system"], _small)
+    schemas["AnthropicMessagesRequest"]["properties"]["max_tokens"] = bounded(1, COMPLETION)
+    content = schemas["AnthropicMessage"]["properties"]["content"]
+    blocks = next(branch for branch in content["anyOf"] if branch.get("type") == "array")
+    kept = ("AnthropicTextBlock", "AnthropicThinkingBlock", "AnthropicRedactedThinkingBlock")
+    blocks["items"] = {"anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in kept]}
+    for name in ("AnthropicTextBlock", "AnthropicThinkingBlock", "AnthropicRedactedThinkingBlock", "AnthropicMetadata"):
+        _walk(schemas[name], _small)
 
 
 def negatable(operation: dict[str, Any]) -> bool:

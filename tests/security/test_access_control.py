@@ -81,6 +81,8 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/v1/chat/completions"): Call(200, json=CHAT),
     ("POST", "/v1/completions"): Call(200, json={"model": MODEL, "prompt": "hi"}),
     ("GET", "/v1/models"): Call(200),
+    ("POST", "/v1/messages"): Call(200, json={**CHAT, "max_tokens": 4}),
+    ("POST", "/v1/messages/count_tokens"): Call(200, json=CHAT),
     ("GET", "/v1/models/{model_id:path}"): Call(200),
     ("GET", "/health"): Call(200),
     ("GET", "/ready"): Call(200),
@@ -183,6 +185,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
     if rule == CONSOLE:
         assert response.status_code == 303, where
         assert response.headers["location"].startswith("/admin/login?next="), where
+    elif path.startswith("/v1/messages"):  # the Anthropic API's own error shape
+        assert response.status_code == 401, where
+        assert response.json()["error"]["type"] == "authentication_error", where
     else:
         assert_openai_error(response, 401)
         if rule in (ADMIN_ONLY, METRICS):

@@ -108,9 +108,9 @@ class CountTokensRequest(Struct, kw_only=True):
 class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: MaxTokens  # required, as Anthropic has it
     stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: Annotated[float, Meta(ge=0, le=1)] | None = None  # Anthropic's range
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None  # 0: no cut
     metadata: Metadata | None = None
     stream: bool = False
 

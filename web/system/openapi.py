@@ -18,6 +18,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.types import Guard
 
 from web import deps
+from web.anthropic import document as anthropic_document
 from web.generation.gate import EngineGate
 from web.history.record import STATUSES
 from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
@@ -111,6 +112,7 @@ def completed_document(
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             _complete_operation(path, method, operation)
+    anthropic_document.complete(doc, model, max_model_len)  # after: its operations answer in Anthropic's shape
     return doc
 
 
