@@ -5,12 +5,13 @@ clients read: cached_tokens, x-request-id, x-should-retry, system_fingerprint.""
 
 import json
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import GuidedDecoding, ModelInfo
-from tests.web.conftest import MODEL, InLoop, assert_openai_error, bearer, new_key, rows, sse_events
+from tests.web.conftest import MODEL, InLoop, assert_openai_error, bearer, client_for, new_key, rows, sse_events
 from tests.web.fakes import FakeEngineClient
 from tests.web.test_lifecycle import call_then_disconnect
 from web.openai.formatting import system_fingerprint
@@ -245,3 +246,11 @@ async def test_an_empty_quota_says_do_not_retry(client: Any) -> None:
     response = await post(client, key, CHAT)
     assert_openai_error(response, 429, "insufficient_quota")
     assert response.headers["x-should-retry"] == "false" and response.headers["x-request-id"].startswith("chatcmpl-")
+
+
+async def test_the_history_keeps_every_choice(fake: FakeEngineClient, db_path: Path, db: sqlite3.Connection) -> None:
+    async with client_for(fake, db_path, store_text=True) as keeping:
+        key = await new_key(keeping)
+        assert (await post(keeping, key, {**CHAT, "n": 2, "max_tokens": 2})).status_code == 200
+    (row,) = rows(db, "SELECT response_text FROM requests")
+    assert row["response_text"] == "[choice 0]\nt0 t1 \n\n[choice 1]\nt0 t1 "
