@@ -11,6 +11,7 @@ from litestar.params import Body
 from litestar.plugins.htmx import HTMXRequest
 from msgspec import Struct
 
+from engine import EngineError
 from web import deps
 from web.console.auth import page_context
 from web.console.render import render
@@ -44,6 +45,7 @@ async def serve_model(
     """Waits for the whole switch (drain and load) and answers with the page saying how it went."""
     try:
         entry = await models.switch(data.name)
-    except AppError as exc:
-        return render("console/models.html", await _page(request, models, error=exc.message), status_code=409)
+    except (AppError, EngineError) as exc:  # EngineError: neither model loaded, the engine is down
+        message = exc.message if isinstance(exc, AppError) else f"the engine is down: {exc}"
+        return render("console/models.html", await _page(request, models, error=message), status_code=409)
     return render("console/models.html", await _page(request, models, notice=f"Now serving {entry.name}."))
