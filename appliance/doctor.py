@@ -18,12 +18,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from appliance.database import schema_revision
+from sqlalchemy.exc import SQLAlchemyError
+
+from appliance.database import database_place, schema_revision
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.probes import Gpu, cpu_flag, listener, nearest_existing, nvidia_gpus, probe_appliance
 from appliance.settings import Settings
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe, has_native_bf16
 from web.console.render import fmt_bytes
+from web.history.writer import describe as describe_db_error
 from web.static import VENDOR_DIR
 from web.static.assets import ASSETS, is_current
 
@@ -333,9 +336,12 @@ class Doctor:
         return Finding(OK, "data dir", f"{path} is writable")
 
     def check_database(self) -> Finding:
-        revision = schema_revision(self.settings)
-        path = self.settings.database_path
-        if not path.is_file():
+        path = database_place(self.settings)
+        try:
+            revision = schema_revision(self.settings)
+        except SQLAlchemyError as exc:
+            return Finding(FAIL, "database", f"cannot read {path}: {describe_db_error(exc)}")
+        if self.settings.database_url is None and not self.settings.database_path.is_file():
             return Finding(
                 WARN,
                 "database",

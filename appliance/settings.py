@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from web.db import redacted_url, sqlite_url
+
 PREFIX = "APPLIANCE_"
 ENV_FILE_VARIABLE = "APPLIANCE_ENV_FILE"
 
@@ -92,10 +97,22 @@ class Settings:
         1024, "max_tokens applied when neither the request nor its key sets one (capped by the context)."
     )
     log_level: str = setting("info", "Log level: debug, info, warning or error.")
+    database_url: str | None = setting(
+        None,
+        "Database URL: postgresql+asyncpg://user:password@host/db lets several gateways share keys, quotas "
+        "and history (the password is never shown).",
+        default_doc="the SQLite file appliance.db in the data dir",
+        secret=True,
+    )
 
     @property
     def database_path(self) -> Path:
         return Path(self.data_dir) / "appliance.db"
+
+    @property
+    def database(self) -> str:
+        """The database's SQLAlchemy URL: the one set, else the SQLite file in the data dir."""
+        return self.database_url or sqlite_url(self.database_path)
 
     @property
     def model_cache_dir(self) -> Path:
@@ -214,6 +231,25 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}LOG_LEVEL must be debug, info, warning or error, not {s.log_level!r}")
     if s.served_model_name is not None and not s.served_model_name.strip():
         raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
+    if s.database_url is not None:
+        _check_database_url(s.database_url)
+
+
+# The async drivers the app runs on: SQLAlchemy's asyncio engine needs one.
+DATABASE_DRIVERS = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def _check_database_url(url: str) -> None:
+    """The messages never carry the URL's password."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise SettingsError(f"{PREFIX}DATABASE_URL is not a database URL (dialect+driver://...)") from None
+    if parsed.drivername not in DATABASE_DRIVERS:
+        raise SettingsError(
+            f"{PREFIX}DATABASE_URL must start with one of {', '.join(d + '://' for d in DATABASE_DRIVERS)}, "
+            f"not {redacted_url(url)}"
+        )
 
 
 def _type_name(hint: Any) -> str:

@@ -8,7 +8,7 @@ from engine import AsyncEngineClient, EngineConfig
 from web.app import Gateway
 from web.app import build_gateway as build_web_gateway
 from web.config import WebConfig
-from web.db import sqlite_url
+from web.db import is_sqlite
 from web.generation.backend import EngineClient
 
 
@@ -37,7 +37,7 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def web_config(settings: Settings) -> WebConfig:
     return WebConfig(
-        database_url=sqlite_url(settings.database_path),
+        database_url=settings.database,
         served_model_name=settings.served_model_name,
         store_text=settings.store_text,
         history_retention_days=settings.history_retention_days,
@@ -53,6 +53,7 @@ def build_gateway(settings: Settings | None = None, client: EngineClient | None 
     """The whole appliance's parts; settings from the environment unless given."""
     settings = settings or load_settings()
     config = engine_config(settings)
-    settings.database_path.parent.mkdir(parents=True, exist_ok=True)
+    if is_sqlite(settings.database):
+        settings.database_path.parent.mkdir(parents=True, exist_ok=True)
     engine = client or AsyncEngineClient(config, auto_restart=True)
     return build_web_gateway(web_config(settings), engine, LocalModels(settings))

@@ -1,4 +1,5 @@
-"""The async SQLite engine with its pragmas, the session factory, and schema upgrade through Alembic."""
+"""The async database engine (SQLite with its pragmas, or PostgreSQL through asyncpg), the session factory, and
+schema upgrade through Alembic."""
 
 from __future__ import annotations
 
@@ -7,20 +8,51 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event
+from sqlalchemy import BigInteger, Connection, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+class epoch_seconds(FunctionElement[int]):  # named as the SQL function it stands for
+    """Whole seconds since 1970 of a stored (naive UTC) datetime, in each dialect's own words."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(epoch_seconds, "sqlite")
+def _epoch_sqlite(element: epoch_seconds, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"CAST(strftime('%s', {compiler.process(element.clauses, **kw)}) AS INTEGER)"
+
+
+@compiles(epoch_seconds, "postgresql")
+def _epoch_postgresql(element: epoch_seconds, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"CAST(floor(EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)})) AS BIGINT)"
 
 
 def sqlite_url(path: str | Path) -> str:
     return f"sqlite+aiosqlite:///{Path(path)}"
 
 
+def redacted_url(url: str) -> str:
+    """The URL as it may be logged or shown: its password (a secret) as ***."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
 def create_db_engine(url: str) -> AsyncEngine:
-    """An engine whose every connection uses WAL, enforces foreign keys and waits on a busy database."""
+    """An engine on `url`; on SQLite every connection uses WAL, enforces foreign keys and waits on a busy
+    database (PostgreSQL does all three by itself)."""
     engine = create_async_engine(url, pool_size=8, max_overflow=8, pool_timeout=60)
-    event.listen(engine.sync_engine, "connect", _set_pragmas)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine.sync_engine, "connect", _set_pragmas)
     return engine
 
 
@@ -58,13 +90,17 @@ async def downgrade_schema(engine: AsyncEngine, revision: str = "base") -> None:
 
 
 async def _migrate(engine: AsyncEngine, action: str, revision: str) -> None:
+    sqlite = engine.dialect.name == "sqlite"
     async with engine.connect() as conn:
-        # Batch mode rebuilds tables (copy, drop, rename); enforced foreign keys would cascade or refuse the
-        # drop. The pragma only takes effect outside a transaction, so it is set before Alembic begins one.
-        await conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        # SQLite's batch mode rebuilds tables (copy, drop, rename); enforced foreign keys would cascade or refuse
+        # the drop. The pragma only takes effect outside a transaction, so it is set before Alembic begins one.
+        # PostgreSQL alters tables in place (batch mode issues plain ALTERs there).
+        if sqlite:
+            await conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
         await conn.run_sync(_run_alembic, action, revision)
         await conn.commit()
-        await conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+        if sqlite:
+            await conn.exec_driver_sql("PRAGMA foreign_keys=ON")
 
 
 def _run_alembic(connection: Connection, action: str, revision: str) -> None:

@@ -17,7 +17,7 @@ from math import ceil
 from typing import Any, cast
 
 import msgspec
-from sqlalchemy import Integer, Table, bindparam, case, func, or_, select, update
+from sqlalchemy import Integer, Table, bindparam, case, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -38,6 +38,12 @@ _rolled = _usage.c.period_start < bindparam("start", type_=UTCDateTime())
 _used = case((_rolled, 0), else_=_usage.c.used_tokens)
 _quota = select(_keys.c.quota_tokens).where(_keys.c.id == _usage.c.key_id).scalar_subquery()
 
+
+def _at_least_zero(value: Any) -> Any:
+    """max(value, 0) in SQL that both dialects speak (SQLite's two-argument max is PostgreSQL's greatest)."""
+    return case((value > 0, value), else_=0)
+
+
 # Rolls the period over when it has ended, then reserves if used + reserved + n still fits the quota, all in one
 # statement: SQLite applies writes one at a time, so concurrent requests of a key can never overspend it.
 RESERVE = (
@@ -57,7 +63,7 @@ SETTLE = (
     update(_usage)
     .where(_usage.c.key_id == bindparam("kid", type_=Integer()))
     .values(
-        reserved_tokens=func.max(_usage.c.reserved_tokens - bindparam("reserved", type_=Integer()), 0),
+        reserved_tokens=_at_least_zero(_usage.c.reserved_tokens - bindparam("reserved", type_=Integer())),
         used_tokens=_usage.c.used_tokens + bindparam("charged", type_=Integer()),
         total_tokens=_usage.c.total_tokens + bindparam("charged", type_=Integer()),
         total_requests=_usage.c.total_requests + 1,

@@ -19,10 +19,10 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from tests.postgres.server import database_url_for
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway, create_app
 from web.config import WebConfig
-from web.db import sqlite_url
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 METRICS_TOKEN = "metrics-token-for-tests"
@@ -33,7 +33,7 @@ _LOGIN_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 def web_config(db_path: Path, **overrides: Any) -> WebConfig:
     values: dict[str, Any] = {
-        "database_url": sqlite_url(db_path),
+        "database_url": database_url_for(db_path),
         "admin_password": ADMIN_PASSWORD,
         "metrics_token": METRICS_TOKEN,
         "drain_timeout": 2.0,

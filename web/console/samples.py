@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Integer, cast, func, select
+from sqlalchemy import BigInteger, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from web.db import epoch_seconds
 from web.models import EngineSample, utcnow
 
 
@@ -42,7 +43,9 @@ async def buckets(
 ) -> tuple[list[Bucket], str | None]:
     """The window's buckets in time order, and the memory kind ("VRAM"/"RAM") of the latest sample."""
     since = (now or utcnow()) - timedelta(seconds=window.seconds)
-    slot = cast(func.strftime("%s", EngineSample.at), Integer) // window.bucket_s
+    # The bucket size as a literal: PostgreSQL matches the select's expression to the GROUP BY's only when both
+    # are the same text, which two bound parameters are not.
+    slot = epoch_seconds(EngineSample.at) // literal_column(str(int(window.bucket_s)), BigInteger())
     query = (
         select(
             slot,
