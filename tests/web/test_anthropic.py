@@ -15,6 +15,7 @@ import pytest
 from engine import EngineDeadError, RequestOutput, SamplingParams, Tenant
 from tests.web.conftest import MODEL, bearer, client_for, new_key, rows
 from tests.web.fakes import FakeEngineClient
+from tests.web.test_tools_routes import CALL, ScriptedFake
 from web.anthropic.formatting import stop_reason
 
 USER = [{"role": "user", "content": "hi"}]
@@ -265,3 +266,101 @@ async def test_not_ready_is_503(db_path: Path) -> None:
         key = await new_key(loading)
         response = await send(loading, key, BODY)
         assert "loading" in assert_anthropic_error(response, 503, "api_error")
+
+
+# -- tools ---------------------------------------------------------------------------------------------------
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+TOOLS = {**BODY, "max_tokens": 64, "tools": [WEATHER]}
+
+
+async def scripted(db_path: Path, script: Sequence[str]) -> Any:
+    fake = ScriptedFake(max_model_len=4096)
+    fake.script = script
+    return client_for(fake, db_path)
+
+
+async def test_a_tool_call_is_a_tool_use_block(db_path: Path) -> None:
+    async with await scripted(db_path, CALL) as client:
+        key = await new_key(client)
+        body = (await send(client, key, TOOLS)).json()
+        streamed = events((await send(client, key, {**TOOLS, "stream": True})).text)
+    assert body["stop_reason"] == "tool_use"
+    text, call = body["content"]
+    assert text == {"type": "text", "text": "Let me look."}
+    assert call["type"] == "tool_use" and call["id"].startswith("toolu_")
+    assert (call["name"], call["input"]) == ("get_weather", {"city": "Paris"})
+    starts = [d["content_block"] for n, d in streamed if n == "content_block_start"]
+    assert [b["type"] for b in starts] == ["text", "tool_use"]
+    assert starts[1]["name"] == "get_weather" and starts[1]["input"] == {} and starts[1]["id"].startswith("toolu_")
+    fragments = [d["delta"]["partial_json"] for n, d in streamed if n == "content_block_delta" and d["index"] == 1]
+    assert json.loads("".join(fragments)) == {"city": "Paris"}
+    assert [d["index"] for n, d in streamed if n == "content_block_stop"] == [0, 1]
+    assert streamed[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+async def test_forced_tool_choices_constrain_the_output(db_path: Path) -> None:
+    async with await scripted(db_path, ['{"city"', ': "Oslo"}']) as client:
+        key = await new_key(client)
+        named = await send(client, key, {**TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}})
+    body = named.json()
+    assert body["stop_reason"] == "tool_use"
+    (call,) = body["content"]
+    assert (call["name"], call["input"]) == ("get_weather", {"city": "Oslo"})
+
+
+async def test_tool_choices_reach_the_engine(db_path: Path) -> None:
+    fake = ScriptedFake(max_model_len=4096)
+    fake.script = ["ok"]
+    async with client_for(fake, db_path) as client:
+        key = await new_key(client)
+        cases: list[tuple[dict[str, Any], Any]] = [
+            ({"type": "tool", "name": "get_weather"}, WEATHER["input_schema"]),
+            ({"type": "any", "disable_parallel_tool_use": True}, None),
+            ({"type": "auto"}, None),
+            ({"type": "none"}, None),
+        ]
+        for choice, guided in cases:
+            assert (await send(client, key, {**TOOLS, "tool_choice": choice})).status_code == 200
+            params: SamplingParams = fake.requests[-1][2]
+            if choice["type"] == "any":
+                assert params.guided is not None and json.loads(params.guided.schema)["type"] == "object"
+            elif guided is not None:
+                assert params.guided is not None and json.loads(params.guided.schema) == guided
+            else:
+                assert params.guided is None
+            rendered = "get_weather" in prompt_of(fake)
+            assert rendered == (choice["type"] != "none"), choice
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        ({"tools": None, "tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"tools": [{**WEATHER, "input_schema": {"type": "string"}}]}, "tools[0].input_schema"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
+        ({"tools": [{**WEATHER, "type": "web_search_20250305"}]}, "tools[0].type"),
+    ],
+)
+async def test_bad_tools_are_invalid_request_errors(
+    client: Any, key: str, db: sqlite3.Connection, change: dict[str, Any], param: str
+) -> None:
+    body = {k: v for k, v in {**TOOLS, **change}.items() if v is not None}
+    message = assert_anthropic_error(await send(client, key, body), 400, "invalid_request_error")
+    assert message.startswith(param), message
+    assert [r["status"] for r in rows(db, "SELECT status FROM requests")] == ["rejected"]
+
+
+async def test_count_tokens_counts_the_tools(db_path: Path) -> None:
+    plain = {"model": MODEL, "messages": USER}
+    async with await scripted(db_path, ["ok"]) as client:  # a context the fallback tool prompt fits in
+        key = await new_key(client)
+        without = (await send(client, key, plain, "/v1/messages/count_tokens")).json()["input_tokens"]
+        counted = await send(client, key, {**plain, "tools": [WEATHER]}, "/v1/messages/count_tokens")
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > without + len("get_weather")

@@ -16,6 +16,9 @@ from web.anthropic.schemas import (
     Usage,
 )
 from web.history.record import RequestLog
+from web.tools import ToolPlan
+
+CALL_ID_PREFIX = "toolu_"  # Anthropic's tool_use ids
 
 
 def stop_reason(final: RequestOutput, called: bool) -> tuple[str | None, str | None]:
@@ -33,6 +36,17 @@ def usage_of(log: RequestLog) -> Usage:
     """Anthropic's input_tokens leave out what the prefix cache served (cache_read_input_tokens)."""
     cached = min(log.cached_tokens, log.prompt_tokens)
     return Usage(log.prompt_tokens - cached, log.completion_tokens, cache_read_input_tokens=cached)
+
+
+def content_of(text: str, plan: ToolPlan) -> tuple[list[TextOut | ToolUseOut], bool]:
+    """A whole answer's content blocks, and whether it called a tool: with tools in play, calls are parsed out of
+    the text (web/tools; what is not a valid call of an offered tool stays text)."""
+    if plan.mode == "off":
+        return ([TextOut(text)] if text else []), False
+    parsed = plan.parse(text, CALL_ID_PREFIX)
+    blocks: list[TextOut | ToolUseOut] = [TextOut(parsed.content)] if parsed.content else []
+    blocks += [ToolUseOut(call.id, call.name, call.arguments_object()) for call in parsed.calls]
+    return blocks, bool(parsed.calls)
 
 
 class Blocks:

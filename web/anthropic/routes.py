@@ -11,8 +11,8 @@ from litestar.types import Guard
 
 from web import deps
 from web.anthropic import errors, service
-from web.anthropic.formatting import stop_reason, usage_of
-from web.anthropic.schemas import MessageBody, TextOut, TokenCount, ToolUseOut, encoder
+from web.anthropic.formatting import content_of, stop_reason, usage_of
+from web.anthropic.schemas import MessageBody, TokenCount, encoder
 from web.anthropic.streaming import MessageFrames
 from web.errors import AppError
 from web.generation.disconnect import ClientDisconnected
@@ -51,7 +51,7 @@ async def create_message(
         raise
     generation = generations.start(log, admitted)
     if body.stream:
-        frames = MessageFrames(generation, log.id, log.model)
+        frames = MessageFrames(generation, log.id, log.model, admitted.tools)
         response = await start_stream(request, generation, frames.frames, frames.closing, errors.event_of, b"")
         response.headers.update(_ids(log))
         return response
@@ -62,8 +62,8 @@ async def create_message(
     except AppError as exc:
         exc.headers.update(_ids(log))
         raise
-    reason, sequence = stop_reason(done.final, called=False)
-    content: list[TextOut | ToolUseOut] = [TextOut(done.text)] if done.text else []
+    content, called = content_of(done.text, admitted.tools)
+    reason, sequence = stop_reason(done.final, called)
     message = MessageBody(log.id, log.model, content, reason, sequence, usage_of(log))
     return Response(encoder.encode(message), media_type="application/json", headers=_ids(log))
 

@@ -8,11 +8,14 @@ from typing import Any
 
 from engine import InvalidRequestError
 from web.anthropic.schemas import (
+    AnyChoice,
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,
     Message,
     MessagesRequest,
+    NamedChoice,
+    NoneChoice,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -20,7 +23,8 @@ from web.anthropic.schemas import (
 from web.errors import InvalidRequest, UnsupportedParameter
 from web.generation.policy import Prepared
 from web.keys.service import KeyInfo
-from web.openai.service import BodyDecoder, Prompts, check_model
+from web.openai.service import BodyDecoder, Prompts, check_model, forced_tool_guided
+from web.tools import AUTO, ToolChoice, ToolPlan, named_choice, tool_spec
 
 decode_messages = BodyDecoder(MessagesRequest)
 decode_count = BodyDecoder(CountTokensRequest)
@@ -101,6 +105,26 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
     return f"Error: {text}" if block.is_error else text
 
 
+def tool_plan(body: CountTokensRequest, tokenizer: Any) -> ToolPlan:
+    """The body's tools for this model: tool_choice any is OpenAI's required, tool a named function."""
+    specs = [
+        tool_spec(t.name, t.description, t.input_schema, f"tools[{i}].name", f"tools[{i}].input_schema")
+        for i, t in enumerate(body.tools or ())
+    ]
+    choice = body.tool_choice
+    if choice is None:
+        return ToolPlan.of(specs, None, None, tokenizer)
+    if isinstance(choice, NoneChoice):
+        return ToolPlan.of(specs, ToolChoice("none"), None, tokenizer)
+    if not specs:
+        raise InvalidRequest("tool_choice needs tools: the request offers none", param="tool_choice")
+    if isinstance(choice, NamedChoice):
+        kind = named_choice(specs, choice.name, "tool_choice.name")
+    else:
+        kind = ToolChoice("required") if isinstance(choice, AnyChoice) else AUTO
+    return ToolPlan.of(specs, kind, not choice.disable_parallel_tool_use, tokenizer)
+
+
 def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
     """Anthropic's sampling fields in the engine's terms (their limits are the engine's)."""
     return {
@@ -113,8 +137,11 @@ def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
 
 async def prepare(prompts: Prompts, body: MessagesRequest, key: KeyInfo) -> Prepared:
     check_model(prompts.gate, body.model)
+    plan = tool_plan(body, prompts.client.tokenizer)
+    fields = sampling_fields(body)
+    fields["guided"] = await forced_tool_guided(plan, None)  # tool_choice any or tool: the arguments validate
     try:
-        return await prompts.conversation(conversation(body), body.max_tokens, sampling_fields(body), key)
+        return await prompts.conversation(conversation(body), body.max_tokens, fields, key, plan)
     except InvalidRequestError as exc:  # the engine's own limits on the sampling fields
         raise InvalidRequest(str(exc), param=_FIELD_NAMES.get(exc.param or "", exc.param)) from None
 
@@ -122,5 +149,6 @@ async def prepare(prompts: Prompts, body: MessagesRequest, key: KeyInfo) -> Prep
 async def count(prompts: Prompts, body: CountTokensRequest, key: KeyInfo) -> int:
     """The prompt's tokens through the chat template, as /v1/messages would count them (nothing is admitted)."""
     check_model(prompts.gate, body.model)
-    prepared = await prompts.conversation(conversation(body), None, {}, key)
+    plan = tool_plan(body, prompts.client.tokenizer)
+    prepared = await prompts.conversation(conversation(body), None, {}, key, plan)
     return len(prepared.prompt_ids)
