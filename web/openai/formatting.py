@@ -21,11 +21,11 @@ from web.openai.schemas import (
     Delta,
     PromptTokensDetails,
     TokenLogprobBody,
-    ToolCallBody,
     TopLogprobBody,
     UsageBody,
     encoder,
 )
+from web.openai.tool_schemas import ToolCallBody
 
 DONE = b"data: [DONE]\n\n"
 

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from engine import MAX_LOGPROBS
+from web.openai.tool_schemas import MAX_TOOLS, NamedToolChoice, ToolCallBody, ToolCallDeltaBody, ToolCallIn, ToolDef
 
 # Every limit of a request body is declared here, once: msgspec enforces it while decoding, and the OpenAPI
 # document (web/system/openapi.py) is generated from these declarations. A field marked UNSUPPORTED names a
@@ -50,45 +51,6 @@ NoFunctions = Annotated[
 # (the deprecated functions API) are unsupported; the rest are not roles at all.
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 UNSUPPORTED_ROLES = ("function",)
-
-# -- tools (web/tools reads them) --------------------------------------------------------------------------
-
-FunctionName = Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$", description="OpenAI's function names")]
-MAX_TOOLS = 128  # OpenAI's own limit
-
-
-class FunctionDef(Struct, kw_only=True):
-    name: FunctionName
-    description: Annotated[str, Meta(max_length=8192)] | None = None
-    parameters: dict[str, Any] | None = None  # a JSON Schema; None: no arguments
-    strict: bool | None = None  # forced choices follow the schema either way; auto parses what the model says
-
-
-class ToolDef(Struct, kw_only=True):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class FunctionRef(Struct, kw_only=True):
-    name: FunctionName
-
-
-class NamedToolChoice(Struct, kw_only=True):
-    type: Literal["function"]
-    function: FunctionRef
-
-
-class CalledFunction(Struct, kw_only=True):
-    name: FunctionName
-    arguments: str  # a JSON object as text, as OpenAI returns it
-
-
-class ToolCallIn(Struct, kw_only=True):
-    """A call of an earlier assistant turn, as the client sends it back."""
-
-    id: Annotated[str, Meta(min_length=1, max_length=256)]
-    type: Literal["function"] = "function"
-    function: CalledFunction
 
 
 class TextPart(Struct, kw_only=True, tag_field="type", tag="text"):
@@ -318,17 +280,6 @@ class CompletionLogprobsBody(Struct):
     text_offset: list[int]
 
 
-class FunctionCallBody(Struct):
-    name: str
-    arguments: str
-
-
-class ToolCallBody(Struct):
-    id: str
-    function: FunctionCallBody
-    type: str = "function"
-
-
 class AssistantMessage(Struct, omit_defaults=True):
     role: str
     content: str | None  # None when the answer is only tool calls, as OpenAI's
@@ -350,20 +301,6 @@ class ChatCompletion(Struct):
     usage: UsageBody
     object: str = "chat.completion"
     system_fingerprint: str | None = None
-
-
-class FunctionDeltaBody(Struct, omit_defaults=True):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDeltaBody(Struct, omit_defaults=True):
-    """A call's first delta has its id, type and name; the later ones only more of its arguments."""
-
-    index: int
-    function: FunctionDeltaBody
-    id: str | None = None
-    type: str | None = None
 
 
 class Delta(Struct, omit_defaults=True):

@@ -8,10 +8,8 @@ from typing import Any
 from engine import Logprob
 from web.errors import InvalidRequest
 from web.openai import formatting as fmt
-from web.openai.schemas import (
-    ChatChoice,
-    ChatCompletionRequest,
-    ChatMessage,
+from web.openai.schemas import ChatChoice, ChatCompletionRequest, ChatMessage
+from web.openai.tool_schemas import (
     FunctionCallBody,
     FunctionDeltaBody,
     NamedToolChoice,
