@@ -115,3 +115,12 @@ def test_required_choice_object_or_array() -> None:
 def test_tool_choice_none_parses_nothing() -> None:
     text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
     assert calls_of(text, plan(choice=ToolChoice("none"))) == (text, [])
+
+
+def test_without_parallel_calls_only_the_first_counts() -> None:
+    text = (
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    )
+    assert calls_of(text, plan(parallel=False)) == (None, [("get_time", {})])
+    assert calls_of(text, plan())[1] == [("get_time", {}), ("get_weather", {"city": "Oslo"})]

@@ -24,12 +24,14 @@ ParseMode = Literal["off", "auto", "named", "required"]
 
 class _Events:
     """Events under construction: calls numbered in order, and content without the whitespace around calls
-    (trailing whitespace is held back until more content follows; dropped before a call and at the end)."""
+    (trailing whitespace is held back until more content follows; dropped before a call and at the end). With
+    `single` (parallel_tool_calls false) a call after the first is dropped, as vLLM does."""
 
-    def __init__(self, id_prefix: str) -> None:
+    def __init__(self, id_prefix: str, single: bool) -> None:
         self.events: list[Event] = []
         self.calls = 0
         self._id_prefix = id_prefix
+        self._single = single
         self._space = ""
         self._said = False
 
@@ -46,6 +48,8 @@ class _Events:
 
     def call(self, name: str, arguments: str) -> int:
         self._space = ""
+        if self._single and self.calls:
+            return 0
         self.events.append(CallDelta(self.calls, arguments, new_call_id(self._id_prefix), name))
         self.calls += 1
         return self.calls - 1
@@ -80,7 +84,8 @@ class ToolCallStream:
 
     mode "off": all content; "auto": calls in the model's `fmt` (web/tools/formats.py) among content; "named":
     the output is the arguments of the function `named`, streamed as they come; "required": the output is one
-    call object, or an array of them when `parallel` (web/tools/constraint.py), each given once complete."""
+    call object, or an array of them when `parallel` (web/tools/constraint.py), each given once complete.
+    Without `parallel`, only the first call counts."""
 
     def __init__(
         self,
@@ -92,7 +97,7 @@ class ToolCallStream:
         id_prefix: str = "call_",
     ) -> None:
         self._reader = _reader(mode, names, fmt, named, parallel)
-        self._events = _Events(id_prefix)
+        self._events = _Events(id_prefix, single=not parallel)
 
     @property
     def calls(self) -> int:
