@@ -257,8 +257,12 @@ async def test_overloaded_is_529(client: Any, key: str, fake: FakeEngineClient, 
     response = await send(client, key, BODY)
     assert_anthropic_error(response, 529, "overloaded_error")
     assert int(response.headers["retry-after"]) >= 1
-    (row,) = rows(db, "SELECT id, status FROM requests")
-    assert row["status"] == "rejected" and response.headers["request-id"] == row["id"]
+    fake.reject_next = "queue_full"
+    streamed = await send(client, key, {**BODY, "stream": True})  # refused before its first event: a status
+    assert_anthropic_error(streamed, 529, "overloaded_error")
+    first, second = rows(db, "SELECT id, status FROM requests ORDER BY arrival_at")
+    assert (first["status"], second["status"]) == ("rejected", "rejected")
+    assert (response.headers["request-id"], streamed.headers["request-id"]) == (first["id"], second["id"])
 
 
 async def test_not_ready_is_503(db_path: Path) -> None:

@@ -4,6 +4,8 @@ runs as a Generation, and only its shapes are Anthropic's (errors: web/anthropic
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from litestar import Request, Response, Router, post
@@ -30,6 +32,16 @@ def _ids(log: RequestLog) -> dict[str, str]:
     return {"request-id": log.id, "x-request-id": log.id}
 
 
+@contextmanager
+def _named_refusals(log: RequestLog) -> Iterator[None]:
+    """A refusal of a request that has a history row names the row, as its answers do."""
+    try:
+        yield
+    except AppError as exc:
+        exc.headers.update(_ids(log))
+        raise
+
+
 @post("/messages", status_code=200)
 async def create_message(
     request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
@@ -38,7 +50,7 @@ async def create_message(
     engine -> streamed or collected; the Generation settles the ledger when it closes."""
     key: KeyInfo = request.state.api_key
     log = new_log(request, ENDPOINT, "msg_")
-    try:
+    with _named_refusals(log):
         async with ledger.refusals(log):
             body = service.decode_messages(await read_body(request))
             log.model, log.stream = body.model, body.stream
@@ -46,22 +58,16 @@ async def create_message(
             gate.check()
             prepared = await service.prepare(prompts, body, key)
             admitted = await ledger.admit(log, key, prepared)
-    except AppError as exc:
-        exc.headers.update(_ids(log))
-        raise
-    generation = generations.start(log, admitted)
-    if body.stream:
-        frames = MessageFrames(generation, log.id, log.model, admitted.tools)
-        response = await start_stream(request, generation, frames.frames, frames.closing, errors.event_of, b"")
-        response.headers.update(_ids(log))
-        return response
-    try:
-        done = await collect(request, generation)
-    except ClientDisconnected:
-        return Response(b"", status_code=CLIENT_CLOSED)
-    except AppError as exc:
-        exc.headers.update(_ids(log))
-        raise
+        generation = generations.start(log, admitted)
+        if body.stream:
+            frames = MessageFrames(generation, log.id, log.model, admitted.tools)
+            response = await start_stream(request, generation, frames.frames, frames.closing, errors.event_of, b"")
+            response.headers.update(_ids(log))
+            return response
+        try:
+            done = await collect(request, generation)
+        except ClientDisconnected:
+            return Response(b"", status_code=CLIENT_CLOSED)
     content, called = content_of(done.text, admitted.tools)
     reason, sequence = stop_reason(done.final, called)
     message = MessageBody(log.id, log.model, content, reason, sequence, usage_of(log))
