@@ -15,6 +15,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATION_LOCK = 0x6C6C6D61  # PostgreSQL advisory lock key held while migrating ("llma")
 
 
 class epoch_seconds(FunctionElement[int]):  # named as the SQL function it stands for
@@ -97,6 +98,10 @@ async def _migrate(engine: AsyncEngine, action: str, revision: str) -> None:
         # PostgreSQL alters tables in place (batch mode issues plain ALTERs there).
         if sqlite:
             await conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        else:
+            # Gateways sharing a server start together: one migrates, the others wait here until it commits and
+            # then find the schema at head. The lock ends with the transaction Alembic runs in.
+            await conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         await conn.run_sync(_run_alembic, action, revision)
         await conn.commit()
         if sqlite:

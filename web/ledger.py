@@ -28,7 +28,7 @@ from web.history.record import CHECKPOINT, FINALIZE_REQUEST, INSERT_REQUEST, MAR
 from web.history.writer import BatchWriter, Write, describe
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyInfo, KeyService, next_period_start, period_start
-from web.models import ApiKey, KeyUsage, RequestRecord, UTCDateTime, utcnow
+from web.models import ApiKey, BigCount, KeyUsage, RequestRecord, UTCDateTime, utcnow
 from web.system.metrics import Metrics
 
 logger = logging.getLogger("web.ledger")
@@ -50,12 +50,12 @@ RESERVE = (
     update(_usage)
     .where(
         _usage.c.key_id == bindparam("kid", type_=Integer()),
-        or_(_quota.is_(None), _used + _usage.c.reserved_tokens + bindparam("n", type_=Integer()) <= _quota),
+        or_(_quota.is_(None), _used + _usage.c.reserved_tokens + bindparam("n", type_=BigCount) <= _quota),
     )
     .values(
         used_tokens=_used,
         period_start=case((_rolled, bindparam("start", type_=UTCDateTime())), else_=_usage.c.period_start),
-        reserved_tokens=_usage.c.reserved_tokens + bindparam("n", type_=Integer()),
+        reserved_tokens=_usage.c.reserved_tokens + bindparam("n", type_=BigCount),
         last_used_at=bindparam("now", type_=UTCDateTime()),
     )
 )
@@ -63,9 +63,9 @@ SETTLE = (
     update(_usage)
     .where(_usage.c.key_id == bindparam("kid", type_=Integer()))
     .values(
-        reserved_tokens=_at_least_zero(_usage.c.reserved_tokens - bindparam("reserved", type_=Integer())),
-        used_tokens=_usage.c.used_tokens + bindparam("charged", type_=Integer()),
-        total_tokens=_usage.c.total_tokens + bindparam("charged", type_=Integer()),
+        reserved_tokens=_at_least_zero(_usage.c.reserved_tokens - bindparam("reserved", type_=BigCount)),
+        used_tokens=_usage.c.used_tokens + bindparam("charged", type_=BigCount),
+        total_tokens=_usage.c.total_tokens + bindparam("charged", type_=BigCount),
         total_requests=_usage.c.total_requests + 1,
     )
 )

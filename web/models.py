@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -37,6 +38,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
+# Counts of tokens and bytes outgrow 32 bits (a quota of billions of tokens, 24 GiB of RAM): BIGINT on PostgreSQL.
+# SQLite's INTEGER already holds 64 bits, and stays INTEGER as its migrations wrote it.
+BigCount = BigInteger().with_variant(Integer(), "sqlite")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -64,10 +70,10 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
-    quota_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_tokens_per_request: Mapped[int | None] = mapped_column(BigCount)
+    quota_tokens: Mapped[int | None] = mapped_column(BigCount)
     quota_period: Mapped[str] = mapped_column(String(8))  # day | week | month | none
-    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(BigCount)
     # Fair share: the key's weight against other busy keys, and its class (interactive goes before batch).
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     priority: Mapped[str] = mapped_column(String(16), default="interactive", server_default="interactive")
@@ -80,10 +86,10 @@ class KeyUsage(Base):
 
     key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True)
     period_start: Mapped[datetime] = mapped_column(UTCDateTime())
-    used_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    total_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    total_requests: Mapped[int] = mapped_column(Integer, default=0)
+    used_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    reserved_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_requests: Mapped[int] = mapped_column(BigCount, default=0)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
@@ -104,12 +110,12 @@ class RequestRecord(Base):
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(16))
     finish_reason: Mapped[str | None] = mapped_column(String(16))
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    max_tokens_requested: Mapped[int | None] = mapped_column(Integer)
-    max_tokens_applied: Mapped[int | None] = mapped_column(Integer)
-    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    max_tokens_requested: Mapped[int | None] = mapped_column(BigCount)
+    max_tokens_applied: Mapped[int | None] = mapped_column(BigCount)
+    reserved_tokens: Mapped[int] = mapped_column(BigCount, default=0)
     arrival_at: Mapped[datetime] = mapped_column(UTCDateTime())
     admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -135,13 +141,13 @@ class EngineSample(Base):
     running: Mapped[int] = mapped_column(Integer)
     waiting: Mapped[int] = mapped_column(Integer)
     kv_usage: Mapped[float] = mapped_column(Float)
-    kv_blocks_used: Mapped[int] = mapped_column(Integer)
-    kv_blocks_total: Mapped[int] = mapped_column(Integer)
+    kv_blocks_used: Mapped[int] = mapped_column(BigCount)
+    kv_blocks_total: Mapped[int] = mapped_column(BigCount)
     memory_kind: Mapped[str] = mapped_column(String(8))
-    memory_total_bytes: Mapped[int] = mapped_column(Integer)
-    memory_free_bytes: Mapped[int] = mapped_column(Integer)
-    weights_bytes: Mapped[int] = mapped_column(Integer)
-    kv_pool_bytes: Mapped[int] = mapped_column(Integer)
+    memory_total_bytes: Mapped[int] = mapped_column(BigCount)
+    memory_free_bytes: Mapped[int] = mapped_column(BigCount)
+    weights_bytes: Mapped[int] = mapped_column(BigCount)
+    kv_pool_bytes: Mapped[int] = mapped_column(BigCount)
     queue_wait_p95_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float] = mapped_column(Float)
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # in this sample's window
