@@ -20,6 +20,7 @@ class GuidedBatch:
         # One row per seat; a step's sampling rows never outnumber the running requests.
         self._bitmask = xgrammar.allocate_token_bitmask(max_num_seqs, self.vocab_size)
         self._filler = xgrammar.BatchGrammarMatcher()
+        self._no_control: torch.Tensor | None = None  # bitmask row: every token but those with a control byte
 
     @property
     def active(self) -> bool:
@@ -27,6 +28,8 @@ class GuidedBatch:
         return bool(self._matchers)
 
     def start(self, request_id: str, compiled: xgrammar.CompiledGrammar) -> None:
+        if self._no_control is None:
+            self._no_control = _without_control_bytes(compiled.tokenizer_info.decoded_vocab, self._bitmask.shape[1])
         self._matchers[request_id] = xgrammar.GrammarMatcher(compiled)
 
     def accept(self, request_id: str, token: int) -> bool:
@@ -48,12 +51,27 @@ class GuidedBatch:
             return logits
         logits = logits.float()
         self._filler.batch_fill_next_token_bitmask([self._matchers[request_ids[i]] for i in rows], self._bitmask, rows)
+        assert self._no_control is not None  # set by the first start
+        # A raw byte below 0x20 is valid nowhere in compact JSON (engine.guided), but xgrammar 0.2.8's rule for
+        # a string with maxLength or minLength allows it: '{"a": "\x05"}' would come out, and not parse.
+        index = torch.tensor(rows)
+        self._bitmask[index] &= self._no_control
         if logits.device.type == "cpu":
             _apply_cpu(logits, self._bitmask, rows, self.vocab_size)
         else:
             bitmask = self._bitmask[: max(rows) + 1].to(logits.device, non_blocking=True)
             xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=rows, vocab_size=self.vocab_size)
         return logits
+
+
+def _without_control_bytes(decoded_vocab: list[bytes], words: int) -> torch.Tensor:
+    """A bitmask row (int32 words, bit i of word w is token 32w + i) allowing every token with no byte below
+    0x20; tokens past the vocabulary stay allowed (the grammar's own mask bans them)."""
+    allowed = np.ones(words * 32, dtype=bool)
+    for token_id, piece in enumerate(decoded_vocab):
+        if any(b < 0x20 for b in piece):
+            allowed[token_id] = False
+    return torch.from_numpy(np.packbits(allowed, bitorder="little").view(np.int32).copy())
 
 
 def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], vocab_size: int) -> None:
