@@ -368,3 +368,12 @@ async def test_count_tokens_counts_the_tools(db_path: Path) -> None:
         counted = await send(client, key, {**plain, "tools": [WEATHER]}, "/v1/messages/count_tokens")
     assert counted.status_code == 200, counted.text
     assert counted.json()["input_tokens"] > without + len("get_weather")
+
+
+async def test_a_body_too_large_is_413(db_path: Path, db: sqlite3.Connection) -> None:
+    async with client_for(FakeEngineClient(), db_path, max_body_bytes=2000) as small:
+        key = await new_key(small)
+        response = await send(small, key, {**BODY, "system": "x" * 5000})
+    assert_anthropic_error(response, 413, "request_too_large")
+    (row,) = rows(db, "SELECT endpoint, status FROM requests")
+    assert tuple(row) == ("messages", "rejected")
