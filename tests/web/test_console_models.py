@@ -16,6 +16,7 @@ from engine import EngineConfig, ModelInfo
 from tests.web.conftest import InLoop, bearer, new_key, sign_in, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, build_gateway
+from web.console.live import engine_state
 from web.system.models import Fit, ModelEntry
 
 FITS = Fit(True, "RAM", 8 << 30, 270 << 20, 46 << 20, 16, 2048, "none, float32")
@@ -103,6 +104,7 @@ async def test_a_switch_drains_then_serves_the_new_model(in_loop: InLoop) -> Non
     assert refused.status_code == 503, refused.text
     error = refused.json()["error"]
     assert error["code"] == "not_ready" and "switching model to small" in error["message"]
+    assert engine_state(in_loop.gateway.gate).label == "draining"  # the console's engine state
     finished = await in_flight
     assert finished.status_code == 200 and finished.json()["choices"][0]["finish_reason"] == "length"
     status, html = await switching
@@ -110,3 +112,22 @@ async def test_a_switch_drains_then_serves_the_new_model(in_loop: InLoop) -> Non
     models = await in_loop.http.get("/v1/models", headers=bearer(key))
     assert [m["id"] for m in models.json()["data"]] == ["small"]
     assert "served" in _row(html, "small")
+
+
+async def test_a_switch_does_not_end_a_shutdowns_drain(in_loop: InLoop) -> None:
+    """SIGTERM during a switch's drain: the server keeps refusing as it shuts down once the switch is over."""
+    gate = in_loop.gateway.models.gate
+    key = await new_key(in_loop.http)
+    await sign_in(in_loop.http)
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    in_flight = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
+    while not len(in_loop.gateway.inflight):
+        await asyncio.sleep(0.01)
+    switching = asyncio.create_task(_serve(in_loop, "small"))
+    while not gate.switch_draining:
+        await asyncio.sleep(0.01)
+    gate.draining = True  # what InFlight.drain does at shutdown
+    _, (status, html) = await asyncio.gather(in_flight, switching)
+    assert status == 409 and "the server is shutting down" in html
+    assert gate.draining and gate.readiness() == (False, "draining: the server is shutting down")
+    assert isinstance(in_loop.fake, SwitchableFake) and in_loop.fake.started_models == ["/models/fake-model"]

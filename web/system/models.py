@@ -83,18 +83,31 @@ class SwitchRefused(AppError):
 
 
 class SwitchingGate(EngineGate):
-    """The gate, refusing while a switch is under way and saying so; a switch's engine restart is not a crash."""
+    """The gate, refusing while a switch is under way and saying so; a switch's engine restart is not a crash.
+
+    `draining` is true during the shutdown's drain (InFlight.drain sets it) and during a switch's own drain (the
+    console then shows DRAINING); only the first is for good, so a switch never clears a shutdown's."""
 
     def __init__(self, client: Any, served_model_name: str | None = None) -> None:
-        super().__init__(client, served_model_name)
         self.switching: str | None = None  # the name of the model being switched to
+        self.switch_draining = False
+        self.shutting_down = False
+        super().__init__(client, served_model_name)
+
+    @property
+    def draining(self) -> bool:
+        return self.shutting_down or self.switch_draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.shutting_down = value
 
     def readiness(self) -> tuple[bool, str]:
-        ready, why = super().readiness()
-        if self.switching is None or self.draining:
-            return ready, why
-        doing = "requests in flight finish first" if ready else why
-        return False, f"switching model to {self.switching}: {doing}"
+        if self.switching is None or self.shutting_down:
+            return super().readiness()
+        if self.switch_draining:
+            return False, f"switching model to {self.switching}: requests in flight finish first"
+        return False, f"switching model to {self.switching}: {super().readiness()[1]}"
 
     @property
     def crashed(self) -> bool:
@@ -130,6 +143,8 @@ class ModelSwitch:
             self.gate.switching = entry.name
             try:
                 await self._drain()
+                if self.gate.shutting_down:  # SIGTERM came while draining: the shutdown stops the engine
+                    raise SwitchRefused("the server is shutting down")
                 await self._restart(entry)
             finally:
                 self.gate.switching = None
@@ -145,17 +160,21 @@ class ModelSwitch:
             raise SwitchRefused(f"{name} {entry.fit.summary if entry.fit else f'cannot be sized: {entry.problem}'}")
         if not isinstance(self.gate.client, Restartable):
             raise SwitchRefused("this engine client cannot be restarted with another model")
-        if self.gate.draining or self.gate.client.state != "ready":
+        if self.gate.shutting_down or self.gate.client.state != "ready":
             raise SwitchRefused(f"the engine is not serving now ({self.gate.readiness()[1]}); try again once ready")
         return entry
 
     async def _drain(self) -> None:
         """Requests in flight finish (the gate admits none meanwhile); past the drain timeout they are aborted."""
-        deadline = time.monotonic() + self.drain_timeout
-        while len(self.inflight) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for live in self.inflight:
-            await live.abort("the served model is being switched and the drain timeout passed")
+        self.gate.switch_draining = True
+        try:
+            deadline = time.monotonic() + self.drain_timeout
+            while len(self.inflight) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            for live in self.inflight:
+                await live.abort("the served model is being switched and the drain timeout passed")
+        finally:
+            self.gate.switch_draining = False
 
     async def _restart(self, entry: ModelEntry) -> None:
         client = self.gate.client
