@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from engine import EngineConfig, EngineError, ModelInfo
+from web.console.render import fmt_bytes
 from web.errors import AppError, NotFound
 from web.generation.gate import EngineGate
 from web.generation.inflight import InFlight
@@ -36,8 +37,6 @@ class Fit:
 
     @property
     def summary(self) -> str:
-        from web.console.render import fmt_bytes  # the console's byte format, one definition
-
         head = (
             f"weights {fmt_bytes(self.weights)} + KV for {self.chats:,} chat{'' if self.chats == 1 else 's'} "
             f"of {self.chat_tokens:,} tokens"
