@@ -104,6 +104,20 @@ def test_a_forced_tool_gives_a_valid_tool_use(client: anthropic.Anthropic) -> No
     assert answered.usage.input_tokens > 0
 
 
+def test_a_streamed_forced_tool_assembles_valid_input(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    ) as stream:
+        final = stream.get_final_message()  # the SDK joins the input_json_delta fragments
+    assert final.stop_reason == "tool_use"
+    (call,) = [b for b in final.content if b.type == "tool_use"]
+    assert call.name == "get_weather" and isinstance(call.input, dict) and set(call.input) == {"unit", "windy"}
+
+
 def test_bad_key_and_bad_body_are_the_sdk_errors(server: Server, client: anthropic.Anthropic) -> None:
     stranger = anthropic.Anthropic(base_url=server.url, api_key="sk-not-a-key", max_retries=0, timeout=30)
     with pytest.raises(anthropic.AuthenticationError) as refused:
