@@ -4,6 +4,7 @@ and applied only to the constrained rows of the logits."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ class GuidedBatch:
         self._bitmask = xgrammar.allocate_token_bitmask(max_num_seqs, self.vocab_size)
         self._filler = xgrammar.BatchGrammarMatcher()
         self._no_control: torch.Tensor | None = None  # bitmask row: every token but those with a control byte
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitmask")
+        self._filling: Future[None] | None = None
+        self._rows: list[int] = []
 
     @property
     def active(self) -> bool:
@@ -43,19 +47,31 @@ class GuidedBatch:
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
-    def mask(self, logits: torch.Tensor, request_ids: Sequence[str]) -> torch.Tensor:
-        """Ban, in the rows of constrained requests (logits row i is request_ids[i]), every token their grammar
-        does not allow next. Returns the logits (float32: the sampler works in it anyway)."""
+    def prepare(self, request_ids: Sequence[str]) -> None:
+        """Start filling the bitmask for a step whose logits row i will be request_ids[i]. The matchers' state
+        after the last step's tokens is all it needs, so it runs on a worker thread beside the forward
+        (xgrammar releases the GIL) and mask() waits for it."""
         rows = [i for i, rid in enumerate(request_ids) if rid in self._matchers]
-        if not rows:
-            return logits
-        logits = logits.float()
-        self._filler.batch_fill_next_token_bitmask([self._matchers[request_ids[i]] for i in rows], self._bitmask, rows)
+        self._rows = rows
+        matchers = [self._matchers[request_ids[i]] for i in rows]
+        self._filling = self._pool.submit(self._fill, matchers, rows) if rows else None
+
+    def _fill(self, matchers: list[xgrammar.GrammarMatcher], rows: list[int]) -> None:
+        self._filler.batch_fill_next_token_bitmask(matchers, self._bitmask, rows)
         assert self._no_control is not None  # set by the first start
         # A raw byte below 0x20 is valid nowhere in compact JSON (engine.guided), but xgrammar 0.2.8's rule for
         # a string with maxLength or minLength allows it: '{"a": "\x05"}' would come out, and not parse.
-        index = torch.tensor(rows)
-        self._bitmask[index] &= self._no_control
+        self._bitmask[torch.tensor(rows)] &= self._no_control
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """Ban, in the rows prepare() was given, every token their grammar does not allow next. Returns the
+        logits (float32: the sampler works in it anyway)."""
+        filling, rows = self._filling, self._rows
+        if filling is None:
+            return logits
+        self._filling = None
+        filling.result()
+        logits = logits.float()
         if logits.device.type == "cpu":
             _apply_cpu(logits, self._bitmask, rows, self.vocab_size)
         else:

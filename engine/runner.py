@@ -72,6 +72,9 @@ class ModelRunner:
         )
         self._decode_metadata(meta, decodes, block_tables)
         self._prefill_metadata(meta, prefills, block_tables, len(decodes))
+        sampling = [s for s in ordered if s.samples]
+        if self.guided is not None and self.guided.active:
+            self.guided.prepare([s.request.request_id for s in sampling])
         if not sample_rows:
             self.model(
                 input_ids=self._tensor(input_ids).unsqueeze(0),
@@ -88,10 +91,9 @@ class ModelRunner:
             logits_to_keep=self._tensor(sample_rows),
             paged=meta,
         ).logits[0]
-        sampling = [s for s in ordered if s.samples]
-        if self.guided is not None and self.guided.active:
+        if self.guided is not None:
             # Before the sampler, so its knobs (temperature, penalties, bias) only ever see allowed tokens.
-            logits = self.guided.mask(logits, [s.request.request_id for s in sampling])
+            logits = self.guided.mask(logits)
         result = self._sample(logits, sampling)
         sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
         logprobs = {s.request.request_id: lp for s, lp in zip(sampling, result.logprobs, strict=True) if lp is not None}
