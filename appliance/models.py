@@ -39,6 +39,8 @@ class LocalModels:
         return self.settings.model_cache_dir
 
     def models(self, served: str, reclaim: bool) -> list[ModelEntry]:
+        """`reclaim` (the server): what the served model holds counts as available, for every model, itself
+        included (it runs in that memory now)."""
         on = machine(self.settings)
         found = self._found()
         if not any(_same(spec, served) for _, spec, _ in found):
@@ -59,7 +61,7 @@ class LocalModels:
                     kind=kind,
                     disk_bytes=_disk_bytes(spec),
                     params=sized.params if sized else None,
-                    fit=fit(sized, self.settings, on, 0 if served_here else freed) if sized else None,
+                    fit=fit(sized, self.settings, on, freed) if sized else None,
                     problem=None if sized else str(shape),
                     served=served_here,
                 )

@@ -116,3 +116,23 @@ def test_add_refuses_what_is_not_a_model_and_never_overwrites(cli: Cli, sources:
     fake.write_text("just text")
     assert "not a GGUF file" in cli("models", "add", str(fake)).err
     assert cli("models", "add", str(tmp_path / "missing")).code == 1
+
+
+def test_the_server_counts_the_served_models_memory_as_available(
+    cli: Cli, sources: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A switch stops the served model first: its weights and KV pool are the new model's to use."""
+    from appliance import models
+    from appliance.model_size import Machine
+    from appliance.settings import load_settings
+
+    assert cli("models", "add", str(sources / "tiny-llama")).code == 0
+    monkeypatch.setattr(models, "machine", lambda _settings: Machine(False, 64 * MIB, "none", "float32"))
+    catalog = models.LocalModels(
+        load_settings({"APPLIANCE_DATA_DIR": str(data_dir), "APPLIANCE_KV_CACHE_BYTES": "8388608"})
+    )
+    served = str(data_dir / "models" / "tiny-llama")
+    for entry in catalog.models(served, reclaim=False):
+        assert entry.fit is not None and entry.fit.available == 64 * MIB
+    for entry in catalog.models(served, reclaim=True):
+        assert entry.fit is not None and entry.fit.available == 64 * MIB + TINY_PARAMS * 4 + 8 * MIB

@@ -85,6 +85,8 @@ async def test_the_page_lists_the_models_with_their_fit_and_marks_the_served_one
 
 async def test_a_model_that_does_not_fit_is_refused_and_nothing_restarts(in_loop: InLoop) -> None:
     await sign_in(in_loop.http)
+    forged = await in_loop.http.post("/admin/models/serve", data={"name": "small", "csrf_token": "forged"})
+    assert forged.status_code == 403
     status, html = await _serve(in_loop, "huge.gguf")
     assert status == 409 and "huge.gguf does not fit" in html
     assert isinstance(in_loop.fake, SwitchableFake) and in_loop.fake.started_models == ["/models/fake-model"]
