@@ -218,7 +218,7 @@ class Ledger:
             error = exc
         elif isinstance(exc, EngineError):
             error = from_engine_error(exc)
-        elif isinstance(exc, SQLAlchemyError):
+        elif isinstance(exc, SQLAlchemyError | OSError):  # asyncpg raises a refused connect as it is
             logger.error("the database refused request %s at admission: %s", log.id, describe(exc))
             self.metrics.observe_db_error("admission")
             error = StorageUnavailable("the request history cannot be written right now; retry shortly")

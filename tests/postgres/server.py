@@ -57,6 +57,14 @@ def _run_as() -> list[str]:
 class Server:
     host: str
     port: int
+    pg_ctl: list[str]  # pg_ctl as the user that owns the cluster, with its data directory
+
+    def stop(self) -> None:
+        """Stop it at once, as a crash or a restart of the database would (clients' connections are cut)."""
+        subprocess.run([*self.pg_ctl, "-m", "immediate", "-w", "stop"], check=True, capture_output=True)
+
+    def start(self) -> None:
+        subprocess.run([*self.pg_ctl, "-w", "start"], check=True, capture_output=True)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+asyncpg://{USER}:{PASSWORD}@{self.host}:{self.port}/{database}"
@@ -100,16 +108,13 @@ def running_server() -> Iterator[Server]:
         subprocess.run([*as_user, str(bindir / "initdb"), *initdb], check=True, capture_output=True)
         port = _free_port()
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets} -c fsync=off -c max_connections=200"
-        start = ["-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), *start], check=True, capture_output=True)
+        pg_ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log")]
+        server = Server("127.0.0.1", port, pg_ctl)
+        server.start()
         try:
-            yield Server("127.0.0.1", port)
+            yield server
         finally:
-            subprocess.run(
-                [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                check=False,
-                capture_output=True,
-            )
+            subprocess.run([*pg_ctl, "-m", "fast", "-w", "stop"], check=False, capture_output=True)
 
 
 # APPLIANCE_TEST_DATABASE_URL=postgres runs the web suite on PostgreSQL (one server for the run, one database per

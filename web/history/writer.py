@@ -36,12 +36,23 @@ STOP_GRACE_S = 10.0  # how long stop() keeps retrying before it gives up on what
 # SQLite's primary result codes that say "not now" rather than "never": busy, locked, out of memory, read-only
 # (a filesystem remounted), I/O error, disk full, cannot open, lock protocol.
 _TRANSIENT_SQLITE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+# PostgreSQL's SQLSTATE classes that say the same: connection exception, transaction rollback (serialization,
+# deadlock), insufficient resources (disk full, out of memory, too many connections), operator intervention
+# (shutdown, starting up), system error (I/O); and 55P03, a lock not available.
+_TRANSIENT_SQLSTATES = ("08", "40", "53", "57P", "58")
 
 
 def is_transient(exc: BaseException) -> bool:
     """Whether the database refused a write for now (worth retrying) rather than for good (a bad write)."""
-    if isinstance(exc, DisconnectionError | PoolTimeout):
+    # A database server that is down, restarting or unreachable: asyncpg's connect raises the socket's OSError
+    # as it is, a connection lost mid-statement invalidates it.
+    if isinstance(exc, DisconnectionError | PoolTimeout | OSError):
         return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_TRANSIENT_SQLSTATES) or sqlstate == "55P03"
     if not isinstance(exc, OperationalError):
         return False
     code = getattr(exc.orig, "sqlite_errorcode", None)
