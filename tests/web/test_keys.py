@@ -116,6 +116,7 @@ async def test_quota_reserves_then_charges_actual_usage(client: Any, fake: Any, 
         "prompt_tokens": PROMPT_TOKENS,
         "completion_tokens": 5,
         "total_tokens": PROMPT_TOKENS + 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     (quota,) = rows(db, "SELECT used_tokens, reserved_tokens FROM key_usage")
     assert (quota["used_tokens"], quota["reserved_tokens"]) == (PROMPT_TOKENS + 5, 0)
