@@ -138,7 +138,7 @@ def _not_a_model(path: Path) -> str | None:
     if path.is_dir():
         if not (path / "config.json").is_file():
             return "a directory without config.json (a Hugging Face model directory has one)"
-        if not any(p.suffix in WEIGHT_SUFFIXES for p in path.iterdir()):
+        if not _has_weights(path):
             return "a directory with a config.json but no *.safetensors or *.bin weights"
         try:
             model_shape(str(path))
@@ -156,11 +156,15 @@ def _not_a_model(path: Path) -> str | None:
 
 def _kind(spec: str) -> str:
     path = Path(spec)
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and (path / "config.json").is_file() and _has_weights(path):
         return "HF directory"
     if path.is_file() and path.suffix.lower() == ".gguf":
         return "GGUF"
     return ""
+
+
+def _has_weights(path: Path) -> bool:
+    return any(p.suffix in WEIGHT_SUFFIXES for p in path.iterdir())
 
 
 def _same(spec: str, served: str) -> bool:

@@ -69,8 +69,9 @@ def test_added_models_are_listed_with_their_parameters_and_fit(cli: Cli, sources
     linked = cli("models", "add", "--link", str(sources / "tiny.gguf"))
     assert linked.code == 0, linked.err
     assert (data_dir / "models" / "tiny.gguf").resolve() == (sources / "tiny.gguf").resolve()
-    (data_dir / "models" / "random-tiny").mkdir()  # the engine's own cache entries are not models to list
-    (data_dir / "models" / "random-tiny" / "config.json").write_text("{}")
+    for cache_entry in ("random-tiny", "tiny-llama-0123456789ab"):  # the engine's own: not models to list
+        shutil.copytree(sources / "tiny-llama", data_dir / "models" / cache_entry)
+    shutil.copytree(sources / "cache" / "random-tiny", data_dir / "models" / "no-weights")
 
     models = _listing(cli, "--kv-cache-bytes", str(8 * MIB), "--model", str(data_dir / "models" / "tiny-llama"))
     assert set(models) == {"default", "tiny-llama", "tiny.gguf"}
