@@ -16,11 +16,13 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # PostgreSQL's INTEGER stops at 2**31 - 1: a quota of billions of tokens, a total served or 24 GiB of RAM in bytes
-# would not fit. SQLite's INTEGER already holds 64 bits, so there is nothing to do there (and no table to rebuild).
+# would not fit, nor would a key id that a URL names (the API takes any 64-bit id and answers 404). SQLite's INTEGER
+# already holds 64 bits, so there is nothing to do there (and no table to rebuild).
 COLUMNS = {
-    "api_keys": ("max_tokens_per_request", "quota_tokens", "max_concurrent"),
-    "key_usage": ("used_tokens", "reserved_tokens", "total_tokens", "total_requests"),
+    "api_keys": ("id", "max_tokens_per_request", "quota_tokens", "max_concurrent"),
+    "key_usage": ("key_id", "used_tokens", "reserved_tokens", "total_tokens", "total_requests"),
     "requests": (
+        "key_id",
         "prompt_tokens",
         "completion_tokens",
         "cached_tokens",

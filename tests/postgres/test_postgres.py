@@ -211,3 +211,11 @@ def _appliance(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
         text=True,
         timeout=120,
     )
+
+
+async def test_ids_beyond_32_bits_name_no_key(pg_url: str) -> None:
+    async with gateways(pg_url, 1) as (one,):
+        missing = await one.http.get(f"/admin/api/keys/{2**40}", headers=ADMIN)
+        assert missing.status_code == 404, missing.text
+        listed = await one.http.get("/admin/api/requests", params={"key_id": 2**40}, headers=ADMIN)
+        assert listed.status_code == 200 and listed.json()["data"] == [], listed.text
