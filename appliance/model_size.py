@@ -168,6 +168,7 @@ def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len
 
 
 CHAT_TOKENS = 2048  # the chat length fit is counted in, unless the context is shorter
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +219,7 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
     usable free VRAM (APPLIANCE_GPU_MEMORY_UTILIZATION) after weights and CUDA's share, on a CPU the fixed pool
     (APPLIANCE_KV_CACHE_BYTES), which must fit in available RAM beside the weights. `reclaim`: bytes a switch
     frees first (the served model's)."""
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[on.dtype]
-    need = memory_need(shape, on.quantization, dtype_bytes, settings.max_model_len, on.gpu)
+    need = memory_need(shape, on.quantization, DTYPE_BYTES[on.dtype], settings.max_model_len, on.gpu)
     chat_tokens = min(CHAT_TOKENS, need.context)
     kv_per_chat = need.kv_per_token * chat_tokens
     available = on.available + reclaim

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from appliance.gguf_header import GGUFHeaderError, read_header
-from appliance.model_size import Machine, Shape, fit, machine, memory_need, model_shape
+from appliance.model_size import DTYPE_BYTES, Machine, Shape, fit, machine, memory_need, model_shape
 from appliance.settings import Settings
 from engine.sources import RANDOM_PREFIX, default_model_path
 from web.system.models import ModelEntry
@@ -38,9 +38,9 @@ class LocalModels:
     def folder(self) -> Path:
         return self.settings.model_cache_dir
 
-    def models(self, served: str, reclaim: bool) -> list[ModelEntry]:
-        """`reclaim` (the server): what the served model holds counts as available, for every model, itself
-        included (it runs in that memory now)."""
+    def models(self, served: str, served_kv_bytes: int | None) -> list[ModelEntry]:
+        """`served_kv_bytes` (the server, its engine running): what the served model holds, its weights and this
+        KV pool, counts as available for every model, itself included (it runs in that memory now)."""
         on = machine(self.settings)
         found = self._found()
         if not any(_same(spec, served) for _, spec, _ in found):
@@ -48,8 +48,8 @@ class LocalModels:
         shapes = {spec: self._shape(spec) for _, spec, _ in found}
         freed = 0
         served_shape = next((shapes[spec] for _, spec, _ in found if _same(spec, served)), None)
-        if reclaim and isinstance(served_shape, Shape):
-            freed = self._held(served_shape, on)
+        if served_kv_bytes is not None and isinstance(served_shape, Shape):
+            freed = self._held(served_shape, on) + served_kv_bytes
         entries = []
         for name, spec, kind in found:
             shape, served_here = shapes[spec], _same(spec, served)
@@ -83,22 +83,19 @@ class LocalModels:
         return found
 
     def _shape(self, spec: str) -> Shape | str:
-        path = default_model_path() if spec == "default" else Path(spec)
-        version = path.stat().st_mtime_ns if path.exists() else 0
-        key = (spec, version)
-        if key not in self._shapes:
-            try:
+        try:
+            path = default_model_path() if spec == "default" else Path(spec)
+            key = (spec, path.stat().st_mtime_ns if path.exists() else 0)
+            if key not in self._shapes:
                 self._shapes[key] = model_shape(spec)
-            except Exception as exc:  # ValueError, ModelLoadError, transformers' own: all mean "no estimate"
-                self._shapes[key] = f"{exc}"
-        return self._shapes[key]
+            return self._shapes[key]
+        except Exception as exc:  # ValueError, ModelLoadError, transformers' own: all mean "no estimate"
+            return f"{exc}"
 
     def _held(self, shape: Shape, on: Machine) -> int:
-        """What the served model's engine gives back when it stops: its weights, and the KV pool on a CPU (on
-        a GPU the pool was sized from free VRAM at its start, unknown here; CUDA's share instead)."""
-        dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[on.dtype]
-        need = memory_need(shape, on.quantization, dtype_bytes, self.settings.max_model_len, on.gpu)
-        return need.weights + (need.overhead if on.gpu else self.settings.kv_cache_bytes)
+        """Besides its KV pool, what the served model's engine gives back when it stops: weights and CUDA's share."""
+        need = memory_need(shape, on.quantization, DTYPE_BYTES[on.dtype], self.settings.max_model_len, on.gpu)
+        return need.weights + need.overhead
 
 
 def add(settings: Settings, source: Path, link: bool) -> Path:
@@ -178,7 +175,10 @@ def _same(spec: str, served: str) -> bool:
 def _disk_bytes(spec: str) -> int:
     if spec.startswith(RANDOM_PREFIX):
         return 0
-    path = default_model_path() if spec == "default" else Path(spec)
+    try:
+        path = default_model_path() if spec == "default" else Path(spec)
+    except Exception:  # engine.ModelLoadError: the bundled package is not installed
+        return 0
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0

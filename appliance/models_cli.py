@@ -48,7 +48,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         print(f"{'linked' if args.link else 'copied'} {args.path} to {target}; serve it with APPLIANCE_MODEL={target}")
         return 0
-    entries = LocalModels(settings).models(settings.model, reclaim=False)
+    entries = LocalModels(settings).models(settings.model, served_kv_bytes=None)
     if args.json:
         print(json.dumps([dataclasses.asdict(e) | {"fit_summary": e.fit.summary if e.fit else None} for e in entries]))
         return 0

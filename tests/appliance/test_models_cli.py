@@ -122,7 +122,7 @@ def test_add_refuses_what_is_not_a_model_and_never_overwrites(cli: Cli, sources:
 def test_the_server_counts_the_served_models_memory_as_available(
     cli: Cli, sources: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A switch stops the served model first: its weights and KV pool are the new model's to use."""
+    """A switch stops the served model first: its weights and its engine's KV pool are the new model's to use."""
     from appliance import models
     from appliance.model_size import Machine
     from appliance.settings import load_settings
@@ -133,7 +133,7 @@ def test_the_server_counts_the_served_models_memory_as_available(
         load_settings({"APPLIANCE_DATA_DIR": str(data_dir), "APPLIANCE_KV_CACHE_BYTES": "8388608"})
     )
     served = str(data_dir / "models" / "tiny-llama")
-    for entry in catalog.models(served, reclaim=False):
+    for entry in catalog.models(served, served_kv_bytes=None):
         assert entry.fit is not None and entry.fit.available == 64 * MIB
-    for entry in catalog.models(served, reclaim=True):
+    for entry in catalog.models(served, served_kv_bytes=8 * MIB):
         assert entry.fit is not None and entry.fit.available == 64 * MIB + TINY_PARAMS * 4 + 8 * MIB

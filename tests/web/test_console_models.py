@@ -39,7 +39,7 @@ class SwitchableFake(FakeEngineClient):
 
 
 class StubCatalog:
-    def models(self, served: str, reclaim: bool) -> Sequence[ModelEntry]:
+    def models(self, served: str, served_kv_bytes: int | None) -> Sequence[ModelEntry]:
         entries = [
             ModelEntry("fake-model", "/models/fake-model", "HF directory", 300 << 20, 135_000_000, FITS),
             ModelEntry("small", "/models/small", "HF directory", 200 << 20, 100_000_000, FITS),

@@ -58,9 +58,9 @@ class ModelEntry:
 
 
 class Catalog(Protocol):
-    def models(self, served: str, reclaim: bool) -> Sequence[ModelEntry]:
-        """Every local model, the one whose spec is `served` marked; `reclaim`: count the served model's memory
-        as available (a switch gives it back first)."""
+    def models(self, served: str, served_kv_bytes: int | None) -> Sequence[ModelEntry]:
+        """Every local model, the one whose spec is `served` marked. `served_kv_bytes`: the running engine's KV
+        pool; then the served model's memory counts as available (a switch gives it back first)."""
         ...
 
 
@@ -130,7 +130,10 @@ class ModelSwitch:
         if self.catalog is None:
             return []
         # Shapes come from transformers (seconds at the first call): off the event loop.
-        return await asyncio.to_thread(self.catalog.models, self.served_spec, True)
+        info, pool = self.gate.client.model_info, None
+        if info is not None and self.gate.client.state == "ready":
+            pool = info.num_kv_blocks * info.kv_bytes_per_block  # what the engine holds, given back by a switch
+        return await asyncio.to_thread(self.catalog.models, self.served_spec, pool)
 
     async def switch(self, name: str) -> ModelEntry:
         """Serve the model named `name`. Raises NotFound, SwitchRefused (served already, does not fit, another
