@@ -104,6 +104,12 @@ class Settings:
         default_doc="the SQLite file appliance.db in the data dir",
         secret=True,
     )
+    gateway_id: str | None = setting(
+        None,
+        "This gateway's name in the history rows it admits, where several share one PostgreSQL: after a crash "
+        "it marks only its own rows interrupted. Keep it the same across restarts.",
+        default_doc="hostname:port",
+    )
 
     @property
     def database_path(self) -> Path:

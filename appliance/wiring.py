@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from socket import gethostname
+
 from appliance.models import LocalModels
 from appliance.settings import Settings, load_settings
 from engine import AsyncEngineClient, EngineConfig
@@ -46,6 +48,8 @@ def web_config(settings: Settings) -> WebConfig:
         metrics_token=settings.metrics_token,
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,
+        # One SQLite file has one gateway, which takes every row it finds in flight; a shared database needs names.
+        gateway_id=None if is_sqlite(settings.database) else settings.gateway_id or f"{gethostname()}:{settings.port}",
     )
 
 

@@ -111,7 +111,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
     keys = KeyService(sessions, db)
     history = HistoryService(sessions)
     limiter = ConcurrencyLimiter()
-    ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text)
+    ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text, config.gateway_id)
     inflight = InFlight(gate, ledger)
     return Gateway(
         config=config,

@@ -19,3 +19,5 @@ class WebConfig:
     sample_interval: float = 5.0
     sample_retention_days: int = 7
     run_migrations: bool = True
+    # This gateway's name in the rows it admits (several gateways may share one database); stable across restarts.
+    gateway_id: str | None = None

@@ -77,7 +77,12 @@ LEFTOVERS = select(
     RequestRecord.arrival_at,
     RequestRecord.first_token_at,
     RequestRecord.e2e_s,
-).where(RequestRecord.status.in_(("queued", "running")))
+    RequestRecord.reserved_tokens,
+).where(
+    RequestRecord.status.in_(("queued", "running")),
+    # Only this gateway's: another one sharing the database may be serving its own right now.
+    or_(RequestRecord.gateway == bindparam("gateway"), RequestRecord.gateway.is_(None)),
+)
 INTERRUPT = (
     update(RequestRecord)
     .where(RequestRecord.id == bindparam("rid"))
@@ -92,7 +97,6 @@ INTERRUPT = (
 CHECKPOINT_S = 1.0
 # Reservations racing for a quota's last tokens: each try either reserves or learns how much is left.
 RESERVE_TRIES = 3
-RELEASE_RESERVATIONS = update(KeyUsage).where(KeyUsage.reserved_tokens != 0).values(reserved_tokens=0)
 
 
 class Ledger:
@@ -104,8 +108,10 @@ class Ledger:
         limiter: ConcurrencyLimiter,
         metrics: Metrics,
         store_text: bool = False,
+        gateway: str | None = None,
     ) -> None:
         self.db = db
+        self.gateway = gateway  # written into each row it admits; its recovery takes only those
         self.writer = writer
         self.keys = keys
         self.limiter = limiter
@@ -116,18 +122,17 @@ class Ledger:
 
     async def recover(self) -> int:
         """Rows a crash left queued or running can never finish: each ends interrupted at its last checkpoint,
-        its key charged what the checkpoint counted (the tokens had reached the client), and every reservation
-        is released (nothing is in flight at start-up). Returns how many rows were interrupted."""
+        its key charged what the checkpoint counted (the tokens had reached the client) and the row's reservation
+        released. Rows of other gateways on the same database are theirs. Returns how many were interrupted."""
         async with self.db.begin() as conn:
-            leftovers = (await conn.execute(LEFTOVERS)).all()
+            leftovers = (await conn.execute(LEFTOVERS, {"gateway": self.gateway})).all()
             for row in leftovers:
                 last = row.arrival_at + timedelta(seconds=row.e2e_s) if row.e2e_s is not None else None
                 finished = last or row.first_token_at or row.arrival_at
                 await conn.execute(INTERRUPT, {"rid": row.id, "finished": finished})
                 charged = row.prompt_tokens + row.completion_tokens if row.completion_tokens else 0
                 if row.key_id is not None:
-                    await conn.execute(SETTLE, {"kid": row.key_id, "reserved": 0, "charged": charged})
-            await conn.execute(RELEASE_RESERVATIONS)
+                    await conn.execute(SETTLE, {"kid": row.key_id, "reserved": row.reserved_tokens, "charged": charged})
         return len(leftovers)
 
     # -- admission --------------------------------------------------------------------------------------
@@ -140,7 +145,7 @@ class Ledger:
         except Exception as exc:
             error = self._refusal(log, exc)
             log.status, log.error, log.reserved_tokens = "rejected", error.message, 0
-            written = self.writer.submit(_insert(log.queued_values(finished_at=utcnow())))
+            written = self.writer.submit(_insert(self._row(log, finished_at=utcnow())))
             if not (isinstance(error, StorageUnavailable) or self.writer.refusing):
                 await written  # the row is there once the client has its answer, unless storage is down (queued)
             if error is exc:
@@ -191,8 +196,11 @@ class Ledger:
             )
             if not reserved.rowcount:
                 return False
-            await conn.execute(INSERT_REQUEST, log.queued_values())
+            await conn.execute(INSERT_REQUEST, self._row(log))
         return True
+
+    def _row(self, log: RequestLog, **values: Any) -> dict[str, Any]:
+        return {**log.queued_values(**values), "gateway": self.gateway}
 
     async def _quota_error(self, key: KeyInfo, log: RequestLog) -> InsufficientQuota:
         remaining = await self.keys.remaining(key)

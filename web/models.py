@@ -125,6 +125,8 @@ class RequestRecord(Base):
     tpot_s: Mapped[float | None] = mapped_column(Float)
     e2e_s: Mapped[float | None] = mapped_column(Float)
     client_addr: Mapped[str | None] = mapped_column(String(64))
+    # Which gateway admitted it, where several share one database: only that one may call it interrupted.
+    gateway: Mapped[str | None] = mapped_column(String(128))
     user: Mapped[str | None] = mapped_column(String(256))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_text: Mapped[str | None] = mapped_column(Text)

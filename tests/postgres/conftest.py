@@ -17,6 +17,7 @@ from tests.postgres.server import Server, binaries, running_server
 from tests.web.conftest import InLoop, lifespan, wait_ready, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import app_of, build_gateway
+from web.config import WebConfig
 
 
 @pytest.fixture(scope="session")
@@ -38,10 +39,9 @@ async def gateways(url: str, count: int, **config: Any) -> AsyncIterator[list[In
     engine and HTTP client."""
     async with AsyncExitStack() as stack:
         apps = []
-        for _ in range(count):
+        for i in range(count):
             fake = FakeEngineClient()
-            # web_config's path names a SQLite file; the database_url beside it wins.
-            gateway = build_gateway(web_config(Path(), database_url=url, **config), fake)
+            gateway = build_gateway(gateway_config(url, i, **config), fake)
             apps.append((app_of(gateway), gateway, fake))
         # Started at once: each migrates the fresh database at start-up, one after another (an advisory lock).
         await asyncio.gather(*(stack.enter_async_context(lifespan(app)) for app, _, _ in apps))
@@ -54,6 +54,11 @@ async def gateways(url: str, count: int, **config: Any) -> AsyncIterator[list[In
             await wait_ready(http)
             found.append(InLoop(app, http, gateway, fake))
         yield found
+
+
+def gateway_config(url: str, index: int, **config: Any) -> WebConfig:
+    """The index-th gateway's config on `url` (web_config's path names a SQLite file: the database_url wins)."""
+    return web_config(Path(), database_url=url, gateway_id=f"gateway-{index}", **config)
 
 
 async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:

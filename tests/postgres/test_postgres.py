@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +17,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, inspect
 
-from tests.postgres.conftest import fetch, gateways
+from tests.postgres.conftest import fetch, gateway_config, gateways
 from tests.postgres.server import PASSWORD
-from tests.web.conftest import ADMIN, bearer, new_key, sign_in, sse_events, web_config
+from tests.web.conftest import ADMIN, bearer, new_key, sign_in, sse_events
 from tests.web.fakes import FakeEngineClient
 from web.app import build_gateway
-from web.config import WebConfig
 from web.console.samples import WINDOWS, buckets
 from web.db import create_db_engine, downgrade_schema, upgrade_schema
 from web.models import Base, EngineSample, utcnow
@@ -135,7 +133,7 @@ async def test_a_restart_interrupts_what_was_in_flight(pg_url: str, monkeypatch:
         monkeypatch.setattr(one.gateway.ledger, "settle", _never)
         await one.gateway.inflight.drain(timeout=0.1)
         running.cancel()
-    gateway = build_gateway(_config_of(pg_url), FakeEngineClient())
+    gateway = build_gateway(gateway_config(pg_url, 0), FakeEngineClient())  # the same gateway, started again
     interrupted = await gateway.ledger.recover()
     await gateway.db.dispose()
     assert interrupted == 1
@@ -147,10 +145,6 @@ async def test_a_restart_interrupts_what_was_in_flight(pg_url: str, monkeypatch:
 
 async def _never(*_: Any) -> None:
     return None
-
-
-def _config_of(url: str) -> WebConfig:
-    return web_config(Path(), database_url=url)
 
 
 async def test_two_gateways_share_keys_and_history_and_never_overspend_a_quota(pg_url: str) -> None:
@@ -219,3 +213,21 @@ async def test_ids_beyond_32_bits_name_no_key(pg_url: str) -> None:
         assert missing.status_code == 404, missing.text
         listed = await one.http.get("/admin/api/requests", params={"key_id": 2**40}, headers=ADMIN)
         assert listed.status_code == 200 and listed.json()["data"] == [], listed.text
+
+
+async def test_a_gateway_restarting_leaves_the_others_requests_alone(pg_url: str) -> None:
+    async with gateways(pg_url, 2) as (a, b):
+        a.fake.token_delay = 0.02
+        key = await new_key(a.http, quota_tokens=1000, quota_period="none")
+        body = {**CHAT, "max_tokens": 40, "ignore_eos": True}
+        on_a = asyncio.create_task(a.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
+        await asyncio.sleep(0.3)
+        assert await b.gateway.ledger.recover() == 0  # b starts again after a crash while a serves
+        (usage,) = await fetch(pg_url, "SELECT reserved_tokens FROM key_usage")
+        assert usage["reserved_tokens"] == PROMPT_TOKENS + 40  # a's reservation still holds
+        assert (await on_a).status_code == 200
+        await a.gateway.writer.flush()
+    (row,) = await fetch(pg_url, "SELECT status, gateway FROM requests")
+    assert tuple(row) == ("finished", "gateway-0")
+    (usage,) = await fetch(pg_url, "SELECT used_tokens, reserved_tokens, total_requests FROM key_usage")
+    assert tuple(usage) == (PROMPT_TOKENS + 40, 0, 1)
