@@ -1,5 +1,6 @@
-"""PostgreSQL going away under a running gateway (a crash, a restart, a failover): the requests in flight still
-reach their clients, and their rows and quota charges are written once the database is back, none lost."""
+"""PostgreSQL going away under a running gateway (a crash, a restart, a failover): new requests get a 503 to retry,
+the requests in flight still reach their clients, and their rows and quota charges are written once the database
+is back, none lost."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 from tests.postgres.conftest import fetch, gateways
 from tests.postgres.server import Server
-from tests.web.conftest import bearer, new_key, sse_events
+from tests.web.conftest import assert_openai_error, bearer, new_key, sse_events
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 PROMPT_TOKENS = 19
@@ -24,6 +25,8 @@ async def test_a_database_restart_mid_stream_loses_no_row_and_no_charge(pg_serve
         await asyncio.sleep(0.3)
         pg_server.stop()
         try:
+            refused = await one.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+            assert_openai_error(refused, 503, "storage_unavailable")  # the key cannot be checked: retry later
             done = await asyncio.gather(*streams)
             assert one.gateway.writer.refusing  # the checkpoints and settles wait for the database
         finally:

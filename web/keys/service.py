@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import secrets
 from dataclasses import dataclass
@@ -12,12 +13,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast, get_args
 
 from sqlalchemy import Row, Table, bindparam, delete, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from engine import Tenant
-from web.errors import AuthenticationFailed, InvalidRequest, NotFound
+from web.errors import AuthenticationFailed, InvalidRequest, NotFound, StorageUnavailable
+from web.history.writer import describe
 from web.models import ApiKey, KeyUsage, UTCDateTime, utcnow
 
+log = logging.getLogger("web.keys")
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
 Period = Literal["day", "week", "month", "none"]
@@ -157,8 +161,12 @@ class KeyService:
                 "missing API key: send it as 'Authorization: Bearer sk-...'", code="missing_api_key"
             )
         digest = hash_key(presented)
-        async with self.db.connect() as conn:  # Core, not a session: this runs on every request
-            row = (await conn.execute(_BY_HASH, {"digest": digest})).first()
+        try:
+            async with self.db.connect() as conn:  # Core, not a session: this runs on every request
+                row = (await conn.execute(_BY_HASH, {"digest": digest})).first()
+        except (SQLAlchemyError, OSError) as exc:  # a database server down or restarting (asyncpg: OSError)
+            log.error("the database cannot check an API key: %s", describe(exc))
+            raise StorageUnavailable("API keys cannot be checked right now; retry shortly") from None
         if row is None or not hmac.compare_digest(row.key_hash, digest):
             raise AuthenticationFailed("incorrect API key provided")
         if row.revoked_at is not None:
