@@ -339,7 +339,7 @@ class Doctor:
         path = database_place(self.settings)
         try:
             revision = schema_revision(self.settings)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, OSError) as exc:  # asyncpg raises a refused connect as an OSError
             return Finding(FAIL, "database", f"cannot read {path}: {describe_db_error(exc)}")
         if self.settings.database_url is None and not self.settings.database_path.is_file():
             return Finding(

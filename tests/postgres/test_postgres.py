@@ -195,6 +195,13 @@ async def test_the_urls_password_never_reaches_a_log(pg_url: str, caplog: pytest
         assert PASSWORD not in done.stdout + done.stderr
         assert "appliance:***@127.0.0.1" in done.stdout, done.stdout
     assert "is at the latest schema" in _appliance(["doctor"], env).stdout
+    unreachable = _appliance(["doctor"], {**env, "APPLIANCE_DATABASE_URL": bad.replace(str(pg_port(bad)), "1")})
+    assert "cannot read postgresql+asyncpg://appliance:***@127.0.0.1:1/" in unreachable.stdout, unreachable.stdout
+    assert PASSWORD not in unreachable.stdout + unreachable.stderr
+
+
+def pg_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 def _appliance(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
