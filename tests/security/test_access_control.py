@@ -112,6 +112,8 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/admin/keys/{key_id:int}"): Call(303, form={"name": "renamed", "quota_period": "none"}),
     ("GET", "/admin/keys/{key_id:int}/edit"): Call(303),
     ("POST", "/admin/keys/{key_id:int}/revoke"): Call(303),
+    ("GET", "/admin/models"): Call(200),
+    ("POST", "/admin/models/serve"): Call(409, form={"model": "no-such-model"}),  # refused, nothing switched
     **{("GET", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
     **{("HEAD", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
 }

@@ -61,7 +61,9 @@ def test_every_state_changing_console_route_needs_the_sessions_csrf_token(
             continue
         path = template.replace("{key_id:int}", str(key_id))
         response = appliance.post_form(session, path, {**form, "name": "with the token"}, **{CSRF_HEADER: session.csrf})
-        assert response.status_code in (201, 303), f"{method} {path}: {response.text[:200]}"
+        # The model switch judges its form once the token passes: no model named, so its own 409, not a 403.
+        accepted = (409,) if path == "/admin/models/serve" else (201, 303)
+        assert response.status_code in accepted, f"{method} {path}: {response.text[:200]}"
     assert appliance.post_form(session, "/admin/logout", {CSRF_FIELD: session.csrf}).status_code == 303
     figures(request, {AUTH_CASES: checked})
 
