@@ -40,7 +40,7 @@ from web.openai.routes import openai_router
 from web.openai.service import Prompts
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics
-from web.system.models import Catalog, ModelSwitch, SwitchingGate
+from web.system.models import Catalog, ModelSwitch
 from web.system.openapi import document_router
 from web.system.routes import admin_system_router, system_router
 
@@ -105,7 +105,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
     """`catalog`: the local models the console may switch to (appliance/ provides it; none: no switching)."""
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
-    gate = SwitchingGate(client, config.served_model_name)
+    gate = EngineGate(client, config.served_model_name)
     metrics = Metrics(client.stats, lambda: gate.model_name)
     writer = BatchWriter(db, on_error=metrics.observe_db_error)
     keys = KeyService(sessions, db)

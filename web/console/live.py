@@ -49,7 +49,7 @@ class EngineState:
 def engine_state(gate: EngineGate) -> EngineState:
     ready, reason = gate.readiness()
     state = gate.client.state
-    if gate.draining or state == "stopping":
+    if gate.draining or gate.switch_draining or state == "stopping":
         label = "draining"
     elif ready:
         label = "ready"

@@ -17,8 +17,12 @@ class EngineGate:
         self.client = client
         self.served_model_name = served_model_name
         self.started_at = int(time.time())
-        self.draining = False
+        self.draining = False  # for good: the server is shutting down (InFlight.drain)
         self.start_error: str | None = None
+        # A switch of the served model (web/system/models.py): the model it moves to, and whether requests in
+        # flight are still finishing. Its engine restart is not a crash.
+        self.switching: str | None = None
+        self.switch_draining = False
 
     @property
     def model_name(self) -> str | None:
@@ -31,6 +35,13 @@ class EngineGate:
         """(ready, why not): the one place that decides whether requests are admitted."""
         if self.draining:
             return False, "draining: the server is shutting down"
+        if self.switching is not None:
+            if self.switch_draining:
+                return False, f"switching model to {self.switching}: requests in flight finish first"
+            return False, f"switching model to {self.switching}: {self._engine_readiness()[1]}"
+        return self._engine_readiness()
+
+    def _engine_readiness(self) -> tuple[bool, str]:
         state = self.client.state
         if state == "ready":
             return True, "ready"
@@ -49,7 +60,7 @@ class EngineGate:
         """The engine process died and is not back yet: down, or loading again in a restart after the crash (a
         first load never counts restarts)."""
         state = self.client.state
-        return state == "down" or (state == "loading" and self.client.restarts > 0)
+        return self.switching is None and (state == "down" or (state == "loading" and self.client.restarts > 0))
 
     def crash_report(self) -> str:
         """What the operator and the client read while the engine is down: how many restarts, and why it died.

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from engine import EngineConfig, EngineError, ModelInfo
 from web.console.render import fmt_bytes
@@ -81,40 +81,8 @@ class SwitchRefused(AppError):
     code = "switch_refused"
 
 
-class SwitchingGate(EngineGate):
-    """The gate, refusing while a switch is under way and saying so; a switch's engine restart is not a crash.
-
-    `draining` is true during the shutdown's drain (InFlight.drain sets it) and during a switch's own drain (the
-    console then shows DRAINING); only the first is for good, so a switch never clears a shutdown's."""
-
-    def __init__(self, client: Any, served_model_name: str | None = None) -> None:
-        self.switching: str | None = None  # the name of the model being switched to
-        self.switch_draining = False
-        self.shutting_down = False
-        super().__init__(client, served_model_name)
-
-    @property
-    def draining(self) -> bool:
-        return self.shutting_down or self.switch_draining
-
-    @draining.setter
-    def draining(self, value: bool) -> None:
-        self.shutting_down = value
-
-    def readiness(self) -> tuple[bool, str]:
-        if self.switching is None or self.shutting_down:
-            return super().readiness()
-        if self.switch_draining:
-            return False, f"switching model to {self.switching}: requests in flight finish first"
-        return False, f"switching model to {self.switching}: {super().readiness()[1]}"
-
-    @property
-    def crashed(self) -> bool:
-        return self.switching is None and super().crashed
-
-
 class ModelSwitch:
-    def __init__(self, gate: SwitchingGate, inflight: InFlight, catalog: Catalog | None, drain_timeout: float) -> None:
+    def __init__(self, gate: EngineGate, inflight: InFlight, catalog: Catalog | None, drain_timeout: float) -> None:
         self.gate = gate
         self.inflight = inflight
         self.catalog = catalog
@@ -145,7 +113,7 @@ class ModelSwitch:
             self.gate.switching = entry.name
             try:
                 await self._drain()
-                if self.gate.shutting_down:  # SIGTERM came while draining: the shutdown stops the engine
+                if self.gate.draining:  # SIGTERM came while draining: the shutdown stops the engine
                     raise SwitchRefused("the server is shutting down")
                 await self._restart(entry)
             finally:
@@ -162,7 +130,7 @@ class ModelSwitch:
             raise SwitchRefused(f"{name} {entry.fit.summary if entry.fit else f'cannot be sized: {entry.problem}'}")
         if not isinstance(self.gate.client, Restartable):
             raise SwitchRefused("this engine client cannot be restarted with another model")
-        if self.gate.shutting_down or self.gate.client.state != "ready":
+        if self.gate.draining or self.gate.client.state != "ready":
             raise SwitchRefused(f"the engine is not serving now ({self.gate.readiness()[1]}); try again once ready")
         return entry
 
