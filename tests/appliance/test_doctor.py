@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from appliance import doctor as doctor_module
+from appliance import doctor_host
 from appliance.doctor import GPU_NODES, Doctor
 from appliance.settings import load_settings
 from tests.appliance.conftest import Cli
@@ -111,7 +112,7 @@ def test_front_end_assets_missing_or_not_the_pinned_ones_fail(
 ) -> None:
     vendor = tmp_path / "vendor"
     shutil.copytree(VENDOR_DIR, vendor)
-    monkeypatch.setattr(doctor_module, "VENDOR_DIR", vendor)
+    monkeypatch.setattr(doctor_host, "VENDOR_DIR", vendor)
     assert doctor(data_dir=str(data_dir)).check_assets().level == "ok"
     (vendor / ASSETS[0].target).write_text("tampered")
     (vendor / ASSETS[1].target).unlink()

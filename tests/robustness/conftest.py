@@ -20,7 +20,7 @@ import pytest
 
 from tests.figures import record
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 from web.history.record import TERMINAL
 
 MODEL = "random:tiny"
@@ -58,12 +58,8 @@ def pytest_runtest_makereport(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for the suites that leave it running (the ones that kill or stop a server start their own),
     stopped after this package's last test so it does not idle through the rest of the run."""
-    srv = start_server(tmp_path_factory.mktemp("robustness"))
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("robustness")) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def db_path(server: Server) -> Path:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.security.conftest import SERVER_ERRORS, TRIED, figures
 from tests.web.conftest import ADMIN, assert_openai_error
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -23,12 +23,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("engine-boundary"), drain_timeout="1")  # no APPLIANCE_HOST
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("engine-boundary"), drain_timeout="1") as srv:  # no APPLIANCE_HOST
         yield srv
-    finally:
-        srv.stop()
 
 
 def _post(server: Server, key: str, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,3 +91,14 @@ def start_server(data_dir: Path, **settings: str) -> Server:
             [sys.executable, "-m", "appliance.cli", "serve"], cwd=REPO, env=env, stdout=log, stderr=log
         )
     return Server(process, f"http://127.0.0.1:{port}", data_dir, log_path)
+
+
+@contextmanager
+def serving(data_dir: Path, **settings: str) -> Iterator[Server]:
+    """start_server, ready, then stopped when the block ends: what a module's shared server fixture yields."""
+    srv = start_server(data_dir, **settings)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()

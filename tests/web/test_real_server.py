@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving, start_server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -28,12 +28,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # fp32: these tests compare a greedy answer with its repeat, which hits the prefix cache. In bf16 (the auto
     # choice on CPUs with native bf16) the cached and the cold paths round differently, and a random model's
     # near-tied logits can then pick another token.
-    srv = start_server(tmp_path_factory.mktemp("real-server"), dtype="float32")
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("real-server"), dtype="float32") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -49,12 +49,8 @@ class _Copied(httpx.SyncByteStream):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("queue-server"), max_num_seqs="1")
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("queue-server"), max_num_seqs="1") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_the_openai_client_reads_a_queued_stream(server: Server) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -34,12 +34,8 @@ IMAGE: Any = {"type": "image", "source": {"type": "base64", "media_type": "image
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("sdk-anthropic"), dtype="float32")
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("sdk-anthropic"), dtype="float32") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

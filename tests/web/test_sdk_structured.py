@@ -17,7 +17,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -32,12 +32,8 @@ class Place(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("sdk-structured"), dtype="float32")
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("sdk-structured"), dtype="float32") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

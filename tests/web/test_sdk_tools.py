@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.web.server import Server, start_server
+from tests.web.server import Server, serving
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -49,12 +49,8 @@ NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("sdk-tools"), dtype="float32")
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("sdk-tools"), dtype="float32") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
