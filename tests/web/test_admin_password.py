@@ -3,6 +3,7 @@ in and is replaced by one at today's cost at that sign-in; a wrong password chan
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import secrets
@@ -56,4 +57,18 @@ async def test_an_old_hash_signs_in_once_and_is_rehashed(tmp_path: Path) -> None
     assert upgraded.split("$")[1] == str(1 << 17)
     assert verify_password(PASSWORD, upgraded) and not verify_password("wrong password", upgraded)
     await AdminAuth(sessions, None).sign_in(ADMIN_USER, PASSWORD, "192.0.2.1")  # a fresh process signs in too
+    await engine.dispose()
+
+
+async def test_gateways_seeding_one_database_together_keep_one_credential(tmp_path: Path) -> None:
+    """Two gateways on one database start at once (PostgreSQL, issue 11): both find no credential, both hash,
+    and the later insert must give way instead of failing the gateway's start on the unique username."""
+    engine = create_db_engine(sqlite_url(tmp_path / "seed.db"))
+    await upgrade_schema(engine)
+    sessions = create_sessionmaker(engine)
+    seeded = await asyncio.gather(AdminAuth(sessions, None).seed(PASSWORD), AdminAuth(sessions, None).seed(PASSWORD))
+    assert sorted(seeded) == [False, True]
+    async with sessions() as session:
+        rows = (await session.scalars(select(AdminCredential))).all()
+    assert len(rows) == 1 and verify_password(PASSWORD, rows[0].password_hash)
     await engine.dispose()

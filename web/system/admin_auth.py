@@ -20,6 +20,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.status_codes import HTTP_415_UNSUPPORTED_MEDIA_TYPE
 from litestar.types import Guard
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import AdminAuthRequired, InvalidRequest, RateLimited
@@ -88,18 +89,23 @@ class AdminAuth:
         self.failures = LoginLimiter()
 
     async def seed(self, password: str | None) -> bool:
-        """Store the first credential if none exists; later starts ignore the setting."""
+        """Store the first credential if none exists; later starts ignore the setting. Gateways sharing one
+        database may start together: the one whose insert loses the race keeps the other's credential."""
         async with self.sessions() as session:
             exists = await session.scalar(select(AdminCredential.id).where(AdminCredential.username == ADMIN_USER))
         if exists is not None or not password:
             return False
-        await self.set_password(password)
+        hashed = await self._hashed(password)
+        try:
+            async with self.sessions.begin() as session:
+                session.add(AdminCredential(username=ADMIN_USER, password_hash=hashed, updated_at=utcnow()))
+        except IntegrityError:  # uq_admin_credentials_username: another gateway seeded it meanwhile
+            return False
+        self._verified.clear()
         return True
 
     async def set_password(self, password: str) -> None:
-        if len(password) < MIN_PASSWORD_CHARS:
-            raise InvalidRequest(f"the admin password needs at least {MIN_PASSWORD_CHARS} characters")
-        hashed = await asyncio.to_thread(hash_password, password)
+        hashed = await self._hashed(password)
         async with self.sessions.begin() as session:
             row = await session.scalar(select(AdminCredential).where(AdminCredential.username == ADMIN_USER))
             if row is None:
@@ -107,6 +113,12 @@ class AdminAuth:
             else:
                 row.password_hash, row.updated_at = hashed, utcnow()
         self._verified.clear()
+
+    @staticmethod
+    async def _hashed(password: str) -> str:
+        if len(password) < MIN_PASSWORD_CHARS:
+            raise InvalidRequest(f"the admin password needs at least {MIN_PASSWORD_CHARS} characters")
+        return await asyncio.to_thread(hash_password, password)
 
     async def configured(self) -> bool:
         """Whether an admin credential exists (the console tells "not set up" from "wrong password")."""
