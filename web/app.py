@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -18,6 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from web.anthropic.errors import on_messages_paths
 from web.anthropic.routes import anthropic_router
+from web.backends.embedded import EmbeddedBackend
+from web.backends.protocol import Backend
+from web.backends.router import Router, remote_backends
+from web.backends.tokenizers import Tokenizers
 from web.config import WebConfig
 from web.console.mount import pages
 from web.db import create_db_engine, create_sessionmaker, upgrade_schema
@@ -53,7 +57,8 @@ class Gateway:
     are the dependency names); the app factory, the service around it (appliance/) and tests hold it."""
 
     config: WebConfig
-    client: EngineClient
+    client: EngineClient  # the local engine
+    router: Router  # the local engine and the remote backends, one of which serves each request
     db: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     writer: BatchWriter
@@ -90,6 +95,7 @@ class Gateway:
         if engine_task is not None and not engine_task.done():
             engine_task.cancel()
         await self.client.shutdown()
+        await self.router.aclose()
         await self.writer.stop()
         await self.db.dispose()
 
@@ -105,7 +111,8 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
     """`catalog`: the local models the console may switch to (appliance/ provides it; none: no switching)."""
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
-    gate = EngineGate(client, config.served_model_name)
+    router = build_router(config, client, lambda: gate.model_name)
+    gate = EngineGate(client, config.served_model_name, router)
     metrics = Metrics(client.stats, lambda: gate.model_name)
     writer = BatchWriter(db, on_error=metrics.observe_db_error)
     keys = KeyService(sessions, db)
@@ -116,6 +123,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
     return Gateway(
         config=config,
         client=client,
+        router=router,
         db=db,
         sessions=sessions,
         writer=writer,
@@ -128,11 +136,23 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         gate=gate,
         ledger=ledger,
         inflight=inflight,
-        generations=Generations(client, ledger, inflight, metrics, config.store_text),
-        prompts=Prompts(gate, client, config.default_max_tokens, config.store_text),
+        generations=Generations(router, ledger, inflight, metrics, config.store_text),
+        prompts=Prompts(router, config.default_max_tokens, config.store_text),
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
     )
+
+
+def build_router(config: WebConfig, client: EngineClient, local_name: Callable[[], str | None]) -> Router:
+    """The local engine (unless the backends list leaves it out) and the remote backends. `local_name` is the
+    gate's model name (a model switch renames it), read when asked."""
+    backends: list[Backend] = []
+    if config.backends.embedded:
+        backends.append(EmbeddedBackend(client, local_name, config.local_backend_name))
+    if not config.backends.remotes:
+        return Router(backends)
+    remotes, http = remote_backends(config.backends.remotes, Tokenizers(client, local_name))
+    return Router(backends + remotes, config.sticky_backends, http)
 
 
 def create_app(config: WebConfig, client: EngineClient) -> Litestar:
@@ -143,12 +163,19 @@ def app_of(gateway: Gateway) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         await gateway.start()
-        engine_task = asyncio.create_task(gateway.gate.start_engine(), name="engine-start")
+        engine_task = None
+        if gateway.router.embedded is not None:
+            engine_task = asyncio.create_task(gateway.gate.start_engine(), name="engine-start")
+        monitor = (
+            asyncio.create_task(gateway.router.monitor(), name="backend-probes") if gateway.router.has_remotes else None
+        )
         gateway.jobs.start()
         try:
             yield
         finally:
             gateway.jobs.shutdown()
+            if monitor is not None:
+                monitor.cancel()
             await gateway.stop(engine_task)
 
     admin = admin_guard(gateway.admin)

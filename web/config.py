@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from web.backends.spec import LOCAL_ONLY, Backends
+
 
 @dataclass(frozen=True, slots=True)
 class WebConfig:
@@ -21,3 +23,7 @@ class WebConfig:
     run_migrations: bool = True
     # This gateway's name in the rows it admits (several gateways may share one database); stable across restarts.
     gateway_id: str | None = None
+    # The engines requests go to (web/backends/spec.py): the local engine alone unless APPLIANCE_BACKENDS says more.
+    backends: Backends = LOCAL_ONLY
+    sticky_backends: bool = False  # a conversation stays on one backend (its prefix cache) unless that one is busy
+    local_backend_name: str = "embedded"  # history rows' name for the local engine ("vllm": the managed vLLM)

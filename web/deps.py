@@ -6,6 +6,7 @@ from __future__ import annotations
 from litestar.di import NamedDependency
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from web.backends.router import Router as _Router
 from web.config import WebConfig
 from web.generation.gate import EngineGate
 from web.generation.inflight import InFlight as _InFlight
@@ -32,5 +33,6 @@ Limiter = NamedDependency[ConcurrencyLimiter]
 Metrics = NamedDependency[_Metrics]
 Models = NamedDependency[ModelSwitch]
 Prompts = NamedDependency[_Prompts]
+Router = NamedDependency[_Router]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
 Views = NamedDependency[KeyViews]

@@ -23,7 +23,7 @@ from web.anthropic.schemas import (
 from web.errors import InvalidRequest, UnsupportedParameter
 from web.generation.policy import Prepared
 from web.keys.service import KeyInfo
-from web.openai.service import BodyDecoder, Prompts, check_model, forced_tool_guided
+from web.openai.service import BodyDecoder, Prompts, forced_tool_guided
 from web.tools import AUTO, ToolChoice, ToolPlan, named_choice, tool_spec
 
 decode_messages = BodyDecoder(MessagesRequest)
@@ -136,19 +136,19 @@ def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
 
 
 async def prepare(prompts: Prompts, body: MessagesRequest, key: KeyInfo) -> Prepared:
-    check_model(prompts.gate, body.model)
-    plan = tool_plan(body, prompts.client.tokenizer)
+    served = prompts.served(body.model)
+    plan = tool_plan(body, served.tokenizer)
     fields = sampling_fields(body)
     fields["guided"] = await forced_tool_guided(plan, None)  # tool_choice any or tool: the arguments validate
     try:
-        return await prompts.conversation(conversation(body), body.max_tokens, fields, key, plan)
+        return await prompts.conversation(served, conversation(body), body.max_tokens, fields, key, plan)
     except InvalidRequestError as exc:  # the engine's own limits on the sampling fields
         raise InvalidRequest(str(exc), param=_FIELD_NAMES.get(exc.param or "", exc.param)) from None
 
 
 async def count(prompts: Prompts, body: CountTokensRequest, key: KeyInfo) -> int:
     """The prompt's tokens through the chat template, as /v1/messages would count them (nothing is admitted)."""
-    check_model(prompts.gate, body.model)
-    plan = tool_plan(body, prompts.client.tokenizer)
-    prepared = await prompts.conversation(conversation(body), None, {}, key, plan)
+    served = prompts.served(body.model)
+    plan = tool_plan(body, served.tokenizer)
+    prepared = await prompts.conversation(served, conversation(body), None, {}, key, plan)
     return len(prepared.prompt_ids)

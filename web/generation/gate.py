@@ -1,4 +1,5 @@
-"""Whether the server admits requests now: the engine's state, its start-up failure, and the drain at shutdown."""
+"""Whether the server admits requests now: the local engine's state, its start-up failure, whether any remote
+backend is up, and the drain at shutdown."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import time
 
 from engine import EngineError
+from web.backends.router import Router
 from web.errors import ServiceUnavailable
 from web.generation.backend import EngineClient
 
@@ -13,8 +15,11 @@ log = logging.getLogger("web.generation")
 
 
 class EngineGate:
-    def __init__(self, client: EngineClient, served_model_name: str | None = None) -> None:
-        self.client = client
+    def __init__(
+        self, client: EngineClient, served_model_name: str | None = None, router: Router | None = None
+    ) -> None:
+        self.client = client  # the local engine (web/backends/none.py's NoLocalEngine where all are remote)
+        self.router = router
         self.served_model_name = served_model_name
         self.started_at = int(time.time())
         self.draining = False  # for good: the server is shutting down (InFlight.drain)
@@ -42,6 +47,20 @@ class EngineGate:
         return self._engine_readiness()
 
     def _engine_readiness(self) -> tuple[bool, str]:
+        local = self._local_readiness()
+        if self.router is None or not self.router.has_remotes:
+            return local
+        if self.router.up():
+            return True, "ready"
+        why = "no backend is up"
+        return False, why + (f" (the local engine: {local[1]})" if self.router.embedded is not None else "")
+
+    @property
+    def none_up(self) -> bool:
+        """Remote backends, and none of them (nor the local engine) up."""
+        return self.router is not None and self.router.has_remotes and not self.router.up()
+
+    def _local_readiness(self) -> tuple[bool, str]:
         state = self.client.state
         if state == "ready":
             return True, "ready"
@@ -74,7 +93,7 @@ class EngineGate:
         """Refuse while not ready: engine_unavailable after a crash (the README's name), else not_ready."""
         ready, why = self.readiness()
         if not ready:
-            code = "engine_unavailable" if self.crashed and not self.draining else "not_ready"
+            code = "engine_unavailable" if (self.crashed or self.none_up) and not self.draining else "not_ready"
             raise ServiceUnavailable(f"not ready: {why}", code=code)
 
     async def start_engine(self) -> None:

@@ -24,6 +24,7 @@ class Prepared:
     tenant: Tenant | None = None  # whose share it draws on, set at admission; None: the engine's default
     n: int = 1  # choices: n engine requests on the same prompt ids
     tools: ToolPlan = NO_TOOLS  # how the answer's tool calls are read (web/tools)
+    model: str = ""  # the served name asked for: the router sends the request to a backend that serves it
 
     def choices(self) -> list[SamplingParams]:
         """Each choice's sampling: the request's, seeded seed, seed + 1, ... when seeded (so that seeded choices

@@ -11,8 +11,8 @@ import time
 from collections.abc import AsyncIterator
 
 from engine import EngineError, InvalidRequestError, QueueFullError, QueuePosition, RequestOutput, Usage
+from web.backends.router import RoutedStream, Router
 from web.errors import AppError, ServiceUnavailable, from_engine_error
-from web.generation.backend import EngineClient
 from web.generation.inflight import InFlight
 from web.generation.policy import Prepared
 from web.history.record import RequestLog
@@ -24,22 +24,24 @@ logger = logging.getLogger("web.generation")
 
 
 class Generations:
-    """Starts admitted requests on the engine; each is a Generation, in flight until it closes."""
+    """Starts admitted requests on a backend (the router picks it); each is a Generation, in flight until it
+    closes."""
 
     def __init__(
-        self, client: EngineClient, ledger: Ledger, inflight: InFlight, metrics: Metrics, store_text: bool = False
+        self, router: Router, ledger: Ledger, inflight: InFlight, metrics: Metrics, store_text: bool = False
     ) -> None:
-        self.client = client
+        self.router = router
         self.ledger = ledger
         self.inflight = inflight
         self.metrics = metrics
         self.store_text = store_text
 
     def start(self, log: RequestLog, prepared: Prepared) -> Generation:
-        """The engine queues the request's choices now, together (the later ones find the prompt in the prefix
+        """The backend queues the request's choices now, together (the later ones find the prompt in the prefix
         cache); their refusals (queue full, a dead engine) come with the deltas."""
         streams = [
-            self.client.generate(
+            self.router.generate(
+                prepared.model,
                 prepared.prompt_ids,
                 params,
                 request_id=choice_id(log.id, i),
@@ -63,7 +65,7 @@ class Generation:
     """Iterate it for the deltas of all choices after `first()`, in the order they come (`index_of` tells a
     delta's choice); each choice's last delta has finished=True, and `final` is the last one of all."""
 
-    def __init__(self, owner: Generations, log: RequestLog, streams: list[AsyncIterator[RequestOutput]]) -> None:
+    def __init__(self, owner: Generations, log: RequestLog, streams: list[RoutedStream]) -> None:
         self._owner = owner
         self.log = log
         self._streams = streams
@@ -101,11 +103,13 @@ class Generation:
 
     def queue_position(self) -> QueuePosition | None:
         """Where the request waits for a seat; None once it runs (or where the engine cannot say)."""
-        return self._owner.client.queue_position(self.request_id)
+        return self._owner.router.queue_position(self.request_id)
 
     async def first(self) -> RequestOutput:
-        """The first delta; engine refusals (queue full, context length, dead) become AppErrors here."""
+        """The first delta; engine refusals (queue full, context length, dead) become AppErrors here. The row names
+        the backend that serves it (choice 0's) from here on."""
         out = await self._next(first=True)
+        self.log.backend = self._streams[0].backend_name
         self._owner.ledger.mark_running(self.log)
         return out
 
@@ -198,7 +202,7 @@ class Generation:
         """Ask the engine to stop this request; its consumer then sees a final delta with reason "abort"."""
         self.abort_reason = reason
         for request_id in self._indexes:
-            await self._owner.client.abort(request_id)
+            await self._owner.router.abort(request_id)
 
     async def close(self, status: str | None = None, error: str | None = None) -> None:
         """Finalize once: stop the engine request if it still runs, then settle it in the ledger.
@@ -222,6 +226,7 @@ class Generation:
                     status = "finished"
             log.status = status
             log.error = error
+            log.backend = log.backend or self._streams[0].backend_name
             if log.finished_mono is None:
                 log.finished_mono = time.monotonic()
             log.assume_scheduled_by_first_token()

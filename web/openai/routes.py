@@ -138,26 +138,32 @@ async def completions(
     return await _serve(request, COMPLETIONS, prompts.completion, gate, ledger, generations)
 
 
-def _model_card(gate: deps.Gate) -> ModelCard:
-    info = gate.client.model_info
-    return ModelCard(
-        id=gate.model_name or "",
-        created=gate.started_at,
-        owned_by="appliance",
-        max_model_len=info.max_model_len if info is not None else None,
-    )
+def _model_cards(gate: deps.Gate, router: deps.Router) -> list[ModelCard]:
+    """The union of the models the backends serve now, and the local engine's while it loads."""
+    names = router.model_names()
+    if router.embedded is not None and gate.model_name and gate.model_name not in names:
+        names.insert(0, gate.model_name)
+    cards = []
+    for name in names:
+        served = router.served(name)
+        info = served.info if served is not None else gate.client.model_info
+        context = info.max_model_len if info is not None else None
+        cards.append(ModelCard(id=name, created=gate.started_at, owned_by="appliance", max_model_len=context))
+    return cards
 
 
 @get("/models")
-async def list_models(gate: deps.Gate) -> Response[Any]:
-    data = [_model_card(gate)] if gate.model_name else []
-    return Response(fmt.encoder.encode(ModelList(data)), media_type="application/json")
+async def list_models(gate: deps.Gate, router: deps.Router) -> Response[Any]:
+    return Response(fmt.encoder.encode(ModelList(_model_cards(gate, router))), media_type="application/json")
 
 
 @get("/models/{model_id:path}")
-async def retrieve_model(gate: deps.Gate, model_id: FromPath[str]) -> Response[Any]:
-    service.check_model(gate, model_id.lstrip("/"))
-    return Response(fmt.encoder.encode(_model_card(gate)), media_type="application/json")
+async def retrieve_model(gate: deps.Gate, router: deps.Router, model_id: FromPath[str]) -> Response[Any]:
+    name = model_id.lstrip("/")
+    card = next((c for c in _model_cards(gate, router) if c.id == name), None)
+    if card is None:
+        raise service.model_refusal(router, name)
+    return Response(fmt.encoder.encode(card), media_type="application/json")
 
 
 def openai_router(authenticate: Guard) -> Router:

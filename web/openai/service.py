@@ -13,10 +13,18 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
-from engine import GuidedDecoding, ModelInfo, SamplingParams, validate_guided
-from web.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedParameter, undecodable_body
-from web.generation.backend import EngineClient
-from web.generation.gate import EngineGate
+from engine import GuidedDecoding, SamplingParams, validate_guided
+from web.backends.protocol import Served
+from web.backends.router import Router
+from web.errors import (
+    AppError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    ServiceUnavailable,
+    UnsupportedParameter,
+    undecodable_body,
+)
 from web.generation.policy import Prepared, effective_max_tokens
 from web.keys.service import KeyInfo
 from web.openai.schemas import (
@@ -103,11 +111,21 @@ decode_chat = BodyDecoder(ChatCompletionRequest)
 decode_completion = BodyDecoder(CompletionRequest)
 
 
-def check_model(gate: EngineGate, model: str) -> None:
-    if model != gate.model_name:
-        raise ModelNotFound(
-            f"the model {shown(model)} does not exist; this server serves '{gate.model_name}'", param="model"
-        )
+def served_model(router: Router, model: str) -> Served:
+    """The model a request names, as a backend up serves it."""
+    served = router.served(model)
+    if served is None:
+        raise model_refusal(router, model)
+    return served
+
+
+def model_refusal(router: Router, model: str) -> AppError:
+    """Why a model cannot be served: 404 for a name no backend serves, 503 while those that serve it are down."""
+    if router.known(model):
+        return ServiceUnavailable(f"no backend serving the model {shown(model)} is up now", code="engine_unavailable")
+    names = router.model_names()
+    serves = ", ".join(f"'{n}'" for n in names) if names else "no model right now"
+    return ModelNotFound(f"the model {shown(model)} does not exist; this server serves {serves}", param="model")
 
 
 def shown(value: str, limit: int = SHOWN_CHARS) -> str:
@@ -236,33 +254,36 @@ def _text_content(m: ChatMessage, i: int) -> str:
 class Prompts:
     """Turns decoded bodies into Prepared values for this server's model and the caller's key."""
 
-    def __init__(self, gate: EngineGate, client: EngineClient, default_max_tokens: int, store_text: bool) -> None:
-        self.gate = gate
-        self.client = client
+    def __init__(self, router: Router, default_max_tokens: int, store_text: bool) -> None:
+        self.router = router
         self.default_max_tokens = default_max_tokens
         self.store_text = store_text
 
+    def served(self, model: str) -> Served:
+        return served_model(self.router, model)
+
     async def chat(self, body: ChatCompletionRequest, key: KeyInfo) -> Prepared:
-        check_model(self.gate, body.model)
+        served = self.served(body.model)
         fields = sampling_fields(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
         fields["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         messages = chat_messages(body.messages)
         extra = template_kwargs(body.chat_template_kwargs)
-        plan = tool_plan(body, self.client.tokenizer)
+        plan = tool_plan(body, served.tokenizer)
         await check_guided(fields["guided"])
         fields["guided"] = await forced_tool_guided(plan, fields["guided"])
         size = sum(len(m["content"]) for m in messages)
-        self._check_chars(size, "messages")
-        ids = await self._template_ids(messages, plan, extra)
+        _check_chars(served, size, "messages")
+        ids = await _template_ids(served, messages, plan, extra)
         requested = whole(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens)
         text = msgspec.json.encode(messages).decode() if self.store_text else None
-        prepared = self._prepared(ids, requested, fields, key, text, "messages", body.n or 1)
+        prepared = self._prepared(served, ids, requested, fields, key, text, "messages", body.n or 1)
         return dataclasses.replace(prepared, tools=plan)
 
     async def conversation(
         self,
+        served: Served,
         messages: list[dict[str, Any]],
         requested: int | None,
         fields: dict[str, Any],
@@ -274,31 +295,20 @@ class Prompts:
         choice's guided decoding among them: see forced_tool_guided): the same checks, template and key policy
         as a chat completion's; `plan` renders the tools and travels to the response (Prepared.tools)."""
         size = sum(len(m["content"]) for m in messages)
-        self._check_chars(size, "messages")
-        ids = await self._template_ids(messages, plan)
+        _check_chars(served, size, "messages")
+        ids = await _template_ids(served, messages, plan)
         text = msgspec.json.encode(messages).decode() if self.store_text else None
-        return dataclasses.replace(self._prepared(ids, requested, fields, key, text, "messages"), tools=plan)
-
-    async def _template_ids(
-        self, messages: list[dict[str, Any]], plan: ToolPlan, extra: dict[str, Any] | None = None
-    ) -> list[int]:
-        """The prompt's ids: messages and tools through the model's template (web/tools/render.py)."""
-        tokenizer = self.client.tokenizer
-        inputs = template_inputs(messages, plan, tokenizer)
-        size = sum(len(m["content"]) for m in inputs["conversation"])
-        return await _maybe_in_thread(
-            size, _apply_template, tokenizer, inputs["conversation"], {**(extra or {}), "tools": inputs["tools"]}
-        )
+        return dataclasses.replace(self._prepared(served, ids, requested, fields, key, text, "messages"), tools=plan)
 
     async def completion(self, body: CompletionRequest, key: KeyInfo) -> Prepared:
-        check_model(self.gate, body.model)
+        served = self.served(body.model)
         fields = sampling_fields(body)
         fields["logprobs"] = body.logprobs
         await check_guided(fields["guided"])
         prompt = _single_prompt(body.prompt)
-        tokenizer = self.client.tokenizer
+        tokenizer = served.tokenizer
         if isinstance(prompt, str):
-            self._check_chars(len(prompt), "prompt")
+            _check_chars(served, len(prompt), "prompt")
             ids = await _maybe_in_thread(len(prompt), _encode, tokenizer, prompt)
         else:
             ids = prompt
@@ -309,25 +319,11 @@ class Prompts:
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         text = (prompt if isinstance(prompt, str) else str(prompt)) if self.store_text else None
-        return self._prepared(ids, whole(body.max_tokens), fields, key, text, "prompt", body.n or 1)
-
-    def _model_info(self) -> ModelInfo:
-        info = self.client.model_info
-        assert info is not None  # the gate let the request in: a model is loaded
-        return info
-
-    def _check_chars(self, chars: int, param: str) -> None:
-        info = self._model_info()
-        limit = info.max_model_len * MAX_CHARS_PER_TOKEN
-        if chars > limit:
-            raise ContextLengthExceeded(
-                f"the prompt is {chars} characters: more than this model's context of {info.max_model_len} tokens "
-                f"can hold (at most {MAX_CHARS_PER_TOKEN} characters a token, {limit} in all)",
-                param=param,
-            )
+        return self._prepared(served, ids, whole(body.max_tokens), fields, key, text, "prompt", body.n or 1)
 
     def _prepared(
         self,
+        served: Served,
         ids: list[int],
         requested: int | None,
         fields: dict[str, Any],
@@ -336,9 +332,9 @@ class Prompts:
         prompt_field: str,
         n: int = 1,
     ) -> Prepared:
-        info = self._model_info()
+        info = served.info
         max_tokens = effective_max_tokens(requested, key, self.default_max_tokens, len(ids), info, prompt_field)
-        vocab = len(self.client.tokenizer)
+        vocab = len(served.tokenizer)
         bad = next((t for t, _ in fields.get("logit_bias", ()) if t >= vocab), None)
         if bad is not None:
             raise InvalidRequest(
@@ -346,9 +342,33 @@ class Prompts:
             )
         # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission, and
         # so do the seeds of the later choices (seed + i).
-        prepared = Prepared(ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text, n=n)
+        prepared = Prepared(
+            ids, SamplingParams(max_tokens=max_tokens, **fields), requested, text, n=n, model=served.name
+        )
         prepared.choices()
         return prepared
+
+
+def _check_chars(served: Served, chars: int, param: str) -> None:
+    limit = served.info.max_model_len * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise ContextLengthExceeded(
+            f"the prompt is {chars} characters: more than this model's context of {served.info.max_model_len} "
+            f"tokens can hold (at most {MAX_CHARS_PER_TOKEN} characters a token, {limit} in all)",
+            param=param,
+        )
+
+
+async def _template_ids(
+    served: Served, messages: list[dict[str, Any]], plan: ToolPlan, extra: dict[str, Any] | None = None
+) -> list[int]:
+    """The prompt's ids: messages and tools through the model's template (web/tools/render.py)."""
+    tokenizer = served.tokenizer
+    inputs = template_inputs(messages, plan, tokenizer)
+    size = sum(len(m["content"]) for m in inputs["conversation"])
+    return await _maybe_in_thread(
+        size, _apply_template, tokenizer, inputs["conversation"], {**(extra or {}), "tools": inputs["tools"]}
+    )
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> list[int]:

@@ -1,0 +1,58 @@
+"""The box's own engine (the embedded one, or the vLLM the appliance manages) as a backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from engine import RequestOutput, SamplingParams, Tenant
+from web.backends.protocol import Served
+from web.backends.scrape import Load
+from web.generation.backend import EngineClient
+
+STATES = {"ready": "up", "loading": "loading", "stopping": "draining"}
+
+
+class EmbeddedBackend:
+    kind = "embedded"
+    url: str | None = None
+
+    def __init__(self, client: EngineClient, model_name: Callable[[], str | None], name: str = "embedded") -> None:
+        self.client = client
+        self.name = name
+        self._model_name = model_name  # the gate's: a model switch or served_model_name renames it
+
+    def model_name(self) -> str | None:
+        return self._model_name()
+
+    def models(self) -> dict[str, Served]:
+        info, name = self.client.model_info, self._model_name()
+        if info is None or name is None or self.client.state != "ready":
+            return {}
+        return {name: Served(name, info.name, info, self.client.tokenizer)}
+
+    def state(self) -> str:
+        return STATES.get(self.client.state, "down")
+
+    def load(self) -> Load | None:
+        s = self.client.stats()
+        if s is None:
+            return None
+        kv = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else None
+        return Load(s.waiting, s.running, kv)
+
+    def generate(
+        self,
+        served: Served,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        arrival_time: float | None,
+        tenant: Tenant | None,
+    ) -> AsyncIterator[RequestOutput]:
+        return self.client.generate(prompt_ids, params, request_id=request_id, arrival_time=arrival_time, tenant=tenant)
+
+    async def abort(self, request_id: str) -> None:
+        await self.client.abort(request_id)
+
+    async def probe(self) -> None:
+        return None

@@ -1,0 +1,201 @@
+"""An OpenAI-compatible server on the LAN as a backend: its state from health probes and its circuit breaker,
+its load from its /metrics (or, where it exports none, this gateway's own requests in flight on it), and the
+models it lists, each with the tokenizer the gateway prepares its requests with."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import httpx
+
+from engine import InvalidRequestError, ModelInfo, QueueFullError, RequestOutput, SamplingParams, Tenant
+from web.backends.breaker import Breaker
+from web.backends.protocol import Served
+from web.backends.scrape import Load
+from web.backends.spec import BackendSpec
+from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamModel, UpstreamStream
+
+log = logging.getLogger("web.backends")
+
+MODELS_EVERY_S = 10.0  # how often its model list is asked again (load and health: every probe)
+TTFT_WINDOW = 64  # recent requests whose time to first token the console shows
+DEFAULT_CONTEXT = 4096  # a server that does not say its context (llama.cpp, Ollama): the check leaves it to it
+
+# (served name, the backend's tokenizer option) -> (tokenizer, its directory), or None where the gateway has none.
+TokenizerFor = Callable[[str, str | None], "tuple[Any, str] | None"]
+
+
+class RemoteBackend:
+    kind = "remote"
+
+    def __init__(self, spec: BackendSpec, http: httpx.AsyncClient, tokenizer_for: TokenizerFor) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.url: str | None = spec.base_url
+        self.upstream = Upstream(spec.base_url, spec.api_key, http)
+        self.breaker = Breaker()
+        self._tokenizer_for = tokenizer_for
+        self._health = "down"  # until the first probe answers
+        self._load: Load | None = None
+        self._served: dict[str, Served] = {}
+        self._models_at = -MODELS_EVERY_S
+        self._streams: dict[str, UpstreamStream] = {}
+        self.requests = 0
+        self.ttfts: deque[float] = deque(maxlen=TTFT_WINDOW)
+        self.last_error: str | None = None
+        self.unservable: tuple[str, ...] = ()  # models it lists that the gateway has no tokenizer for
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    def models(self) -> dict[str, Served]:
+        return self._served if self.state() == "up" else {}
+
+    def state(self) -> str:
+        if self._health != "up":
+            return self._health
+        return "circuit open" if self.breaker.open else "up"
+
+    def load(self) -> Load | None:
+        return self._load
+
+    def generate(
+        self,
+        served: Served,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        arrival_time: float | None,
+        tenant: Tenant | None,
+    ) -> AsyncIterator[RequestOutput]:
+        self.breaker.allow()
+        self.requests += 1
+        stream = self.upstream.generate(served.upstream_id, prompt_ids, params, request_id, arrival_time)
+        self._streams[request_id] = stream
+        return _Tracked(self, stream)
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            await stream.abort()
+
+    def _ended(self, stream: UpstreamStream, error: BaseException | None) -> None:
+        """The breaker counts the server's failures only: a refusal of the request itself (400) or an overload
+        (429/503) says the server is alive."""
+        self._streams.pop(stream.request_id, None)
+        if isinstance(error, InvalidRequestError | QueueFullError):
+            self.last_error = str(error)[:MESSAGE_CHARS]
+            return
+        if error is None:
+            self.breaker.success()
+            return
+        self.last_error = str(error)[:MESSAGE_CHARS]
+        self.breaker.failure()
+        if self.breaker.open:
+            log.warning("backend %s: circuit open after %d failures in a row", self.name, self.breaker.failures)
+
+    async def probe(self) -> None:
+        """Health, then (when up) load and, every MODELS_EVERY_S, its models. A probe never raises."""
+        health = await self.upstream.health()
+        if health != self._health:
+            log.info("backend %s is %s", self.name, health)
+        self._health = health
+        if health != "up":
+            self._load = None
+            return
+        self._load = await self.upstream.scrape()
+        if time.monotonic() - self._models_at >= MODELS_EVERY_S or not self._served:
+            await self._refresh_models()
+
+    async def _refresh_models(self) -> None:
+        try:
+            listed = await self.upstream.models()
+        except (httpx.HTTPError, OSError) as exc:
+            self.last_error = f"its model list failed: {type(exc).__name__}"
+            return
+        self._models_at = time.monotonic()
+        served: dict[str, Served] = {}
+        unservable = []
+        for model in listed:
+            name = self.spec.served_name(model.id)
+            found = await asyncio.to_thread(self._tokenizer_for, name, self.spec.tokenizer)
+            if found is None:
+                unservable.append(name)
+                continue
+            served[name] = Served(name, model.id, _info(name, model, *found), found[0])
+        if tuple(unservable) != self.unservable and unservable:
+            log.warning(
+                "backend %s: no tokenizer for %s (add #tokenizer=DIR to its entry in APPLIANCE_BACKENDS)",
+                self.name,
+                ", ".join(unservable),
+            )
+        self.unservable = tuple(unservable)
+        self._served = served
+
+
+def _info(name: str, model: UpstreamModel, tokenizer: Any, tokenizer_dir: str) -> ModelInfo:
+    """A remote model in ModelInfo's terms: its pool is unknown here, so the "pool" is its context."""
+    context = model.max_model_len or _tokenizer_context(tokenizer) or DEFAULT_CONTEXT
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return ModelInfo(
+        name=name,
+        max_model_len=context,
+        tokenizer_dir=tokenizer_dir,
+        eos_token_ids=[eos] if isinstance(eos, int) else [],
+        device="remote",
+        dtype="",
+        quantization="",
+        num_kv_blocks=context,
+        block_size=1,
+        kv_bytes_per_block=0,
+    )
+
+
+def _tokenizer_context(tokenizer: Any) -> int | None:
+    n = getattr(tokenizer, "model_max_length", None)
+    return n if isinstance(n, int) and 0 < n <= 1 << 22 else None
+
+
+class _Tracked:
+    """The upstream stream as the router hands it on: it tells the backend how it ended (breaker, TTFT)."""
+
+    def __init__(self, backend: RemoteBackend, stream: UpstreamStream) -> None:
+        self._backend = backend
+        self._stream = stream
+        self._started = time.monotonic()
+        self._first: float | None = None
+        self._ended = False
+
+    def __aiter__(self) -> _Tracked:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        try:
+            out = await anext(self._stream)
+        except StopAsyncIteration:
+            self._end(None)
+            raise
+        except Exception as exc:
+            self._end(exc)
+            raise
+        if self._first is None and out.token_ids:
+            self._first = time.monotonic()
+            self._backend.ttfts.append(self._first - self._started)
+        if out.finished:
+            self._end(None)
+        return out
+
+    async def aclose(self) -> None:
+        self._end(None)
+        await self._stream.aclose()
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._backend._ended(self._stream, error)
