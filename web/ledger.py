@@ -239,7 +239,12 @@ class Ledger:
     # -- in flight and at the end ---------------------------------------------------------------------
 
     def mark_running(self, log: RequestLog) -> None:
-        params = {"rid": log.id, "admitted": log.wall(log.scheduled_mono), "first": log.wall(log.first_token_mono)}
+        params = {
+            "rid": log.id,
+            "admitted": log.wall(log.scheduled_mono),
+            "first": log.wall(log.first_token_mono),
+            "serving": log.backend_name,
+        }
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(MARK_RUNNING, params)

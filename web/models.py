@@ -101,6 +101,7 @@ class RequestRecord(Base):
         Index("ix_requests_arrival_at", "arrival_at"),
         Index("ix_requests_key_id_arrival_at", "key_id", "arrival_at"),
         Index("ix_requests_status", "status"),
+        Index("ix_requests_backend_arrival_at", "backend", "arrival_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -127,6 +128,8 @@ class RequestRecord(Base):
     client_addr: Mapped[str | None] = mapped_column(String(64))
     # Which gateway admitted it, where several share one database: only that one may call it interrupted.
     gateway: Mapped[str | None] = mapped_column(String(128))
+    # Which backend served it: "embedded", or a remote server's host:port (web/backends/status.py names them).
+    backend: Mapped[str | None] = mapped_column(String(100))
     user: Mapped[str | None] = mapped_column(String(256))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_text: Mapped[str | None] = mapped_column(Text)

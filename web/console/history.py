@@ -1,4 +1,4 @@
-"""The console's request history: filters (key, status, time range), pagination, one request's detail, and the
+"""The console's request history: filters (key, status, backend, time range), pagination, one request's detail, and the
 same filtered rows as CSV. Queries go through HistoryService."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import csv
 import io
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -21,7 +21,7 @@ from web import deps
 from web.console.auth import page_context
 from web.console.render import render, wanted_partial
 from web.errors import InvalidRequest
-from web.history.record import STATUSES
+from web.history.record import BACKEND_MAX, STATUSES, is_backend_name
 from web.history.routes import RequestView, request_view
 from web.history.service import HistoryFilter
 from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
@@ -38,13 +38,21 @@ class Filters:
 
     key: str
     status: str
+    backend: str
     since: str
     until: str
     query: HistoryFilter
     errors: list[str]
 
     def url_params(self, **extra: Any) -> str:
-        values = {"key": self.key, "status": self.status, "since": self.since, "until": self.until, **extra}
+        values = {
+            "key": self.key,
+            "status": self.status,
+            "backend": self.backend,
+            "since": self.since,
+            "until": self.until,
+            **extra,
+        }
         return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
 
 
@@ -66,7 +74,7 @@ def _when(raw: str, label: str, errors: list[str]) -> datetime | None:
         return None
 
 
-def parse_filters(key: str, status: str, since: str, until: str) -> Filters:
+def parse_filters(key: str, status: str, backend: str, since: str, until: str) -> Filters:
     errors: list[str] = []
     key_id = None
     if key.strip():
@@ -78,8 +86,12 @@ def parse_filters(key: str, status: str, since: str, until: str) -> Filters:
     if status and status not in STATUSES:
         errors.append(f"unknown status {status!r}")
         status = ""
-    query = HistoryFilter(key_id, status or None, _when(since, "From", errors), _when(until, "Until", errors))
-    return Filters(key, status, since, until, query, errors)
+    if backend and not is_backend_name(backend):
+        errors.append(f"unknown backend {backend[:BACKEND_MAX]!r}")
+        backend = ""
+    since_at, until_at = _when(since, "From", errors), _when(until, "Until", errors)
+    query = HistoryFilter(key_id, status or None, since_at, until_at, backend or None)
+    return Filters(key, status, backend, since, until, query, errors)
 
 
 @get("/history")
@@ -89,11 +101,12 @@ async def history_page(
     keys: deps.Keys,
     key: FromQuery[str] = "",
     status: FromQuery[str] = "",
+    backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
     offset: FromQuery[int] = 0,
 ) -> Response[Any]:
-    filters = parse_filters(key, status, since, until)
+    filters = parse_filters(key, status, backend, since, until)
     offset = min(max(offset, 0), SQLITE_INT_MAX)  # beyond the last row either way: an empty page
     rows, total = await history.list(filters.query, PAGE_SIZE, offset)
     pages = {
@@ -110,6 +123,7 @@ async def history_page(
         rows=[request_view(r) for r in rows],
         keys=await keys.names(),
         statuses=STATUSES,
+        backends=await history.backends(),
         filters=filters,
         pages=pages,
         csv_url="/admin/history.csv?" + filters.url_params(),
@@ -146,17 +160,18 @@ async def history_csv(
     keys: deps.Keys,
     key: FromQuery[str] = "",
     status: FromQuery[str] = "",
+    backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
 ) -> Stream:
-    filters = parse_filters(key, status, since, until)
+    filters = parse_filters(key, status, backend, since, until)
     if filters.errors:  # an export of other rows than asked for would pass for the one asked for
         raise InvalidRequest("; ".join(filters.errors))
     now = utcnow()
     # The export ends at the moment it started: rows arriving meanwhile belong to the next one.
     query = filters.query
     until_at = min(query.until, now) if query.until is not None else now
-    bounded = HistoryFilter(query.key_id, query.status, query.since, until_at)
+    bounded = replace(query, until=until_at)
     names = await keys.names()
 
     async def lines() -> AsyncIterator[str]:

@@ -19,6 +19,7 @@ INSERT_REQUEST = insert(_requests)
 _FINAL_COLUMNS = (
     "status", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "admitted_at",
     "first_token_at", "finished_at", "queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "error", "response_text",
+    "backend",
 )  # fmt: skip
 # Bound names differ from column names: SQLAlchemy reserves a column's own name for its SET value.
 FINALIZE_REQUEST = (
@@ -34,6 +35,7 @@ MARK_RUNNING = (
         status="running",
         admitted_at=bindparam("admitted", type_=_requests.c.admitted_at.type),
         first_token_at=bindparam("first", type_=_requests.c.first_token_at.type),
+        backend=bindparam("serving", type_=_requests.c.backend.type),
     )
 )
 
@@ -47,6 +49,17 @@ CHECKPOINT = (
         e2e_s=bindparam("at", type_=_requests.c.e2e_s.type),
     )
 )
+
+# The column's width; a longer name (a remote host's, up to 253 characters) is cut to fit, not refused by
+# PostgreSQL with the whole row.
+BACKEND_MAX = 100
+
+
+def is_backend_name(text: str) -> bool:
+    """Whether `text` could be a backend's name in the history (a filter's value: PostgreSQL refuses a query
+    with a NUL in its text)."""
+    return 0 < len(text) <= BACKEND_MAX and "\x00" not in text
+
 
 TERMINAL = ("finished", "cancelled", "rejected", "failed", "interrupted")
 STATUSES = ("queued", "running", *TERMINAL)
@@ -77,6 +90,7 @@ class RequestLog:
     finished_mono: float | None = None
     error: str | None = None
     response_text: str | None = None
+    backend: str | None = None  # the backend that serves it, set when the router picks one (a retry: the last)
 
     def wall(self, mono: float | None) -> datetime | None:
         return None if mono is None else self.arrival_at + timedelta(seconds=mono - self.arrival_mono)
@@ -97,6 +111,11 @@ class RequestLog:
         timings): the first token bounds it from above, so queue wait is at most overstated by the prefill."""
         if self.scheduled_mono is None and self.first_token_mono is not None:
             self.scheduled_mono = self.first_token_mono
+
+    @property
+    def backend_name(self) -> str | None:
+        """The backend as its column holds it."""
+        return None if self.backend is None else self.backend[:BACKEND_MAX]
 
     @property
     def charged_tokens(self) -> int:
@@ -125,6 +144,7 @@ class RequestLog:
             "user": self.user,
             "error": self.error,
             "prompt_text": self.prompt_text,
+            "backend": self.backend_name,
         }
 
     def final_values(self) -> dict[str, Any]:
@@ -146,5 +166,6 @@ class RequestLog:
             "e2e_s": None if finished is None else finished - self.arrival_mono,
             "error": self.error,
             "response_text": self.response_text,
+            "backend": self.backend_name,
         }
         return {"v_" + k: v for k, v in values.items()} | {"rid": self.id}

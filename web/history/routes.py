@@ -13,7 +13,7 @@ from msgspec import Struct
 
 from web import deps
 from web.errors import InvalidRequest
-from web.history.record import STATUSES
+from web.history.record import BACKEND_MAX, STATUSES, is_backend_name
 from web.history.service import HistoryFilter
 from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import RequestRecord
@@ -43,6 +43,7 @@ class RequestView(Struct):
     tpot_s: float | None
     e2e_s: float | None
     client_addr: str | None
+    backend: str | None
     user: str | None
     error: str | None
     prompt_text: str | None
@@ -87,12 +88,15 @@ async def list_requests(
     status: FromQuery[str | None] = None,
     since: FromQuery[str | None] = None,
     until: FromQuery[str | None] = None,
+    backend: FromQuery[str | None] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
     offset: Annotated[int, QueryParameter(ge=0, le=SQLITE_INT_MAX)] = 0,
 ) -> RequestPage:
     if status is not None and status not in STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
-    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"))
+    if backend is not None and not is_backend_name(backend):
+        raise InvalidRequest(f"backend must be a backend's name of 1 to {BACKEND_MAX} characters", param="backend")
+    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"), backend)
     rows, total = await history.list(filters, limit, offset)
     return RequestPage([request_view(r) for r in rows], total, limit, offset)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import Select, and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import NotFound
@@ -21,11 +21,26 @@ class HistoryFilter:
     status: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    backend: str | None = None
 
 
 # The history's one order: newest first, the id breaking ties, so pages and exports never skip or repeat a row.
 NEWEST_FIRST = (RequestRecord.arrival_at.desc(), RequestRecord.id)
 Rows = list[RequestRecord]  # named outside the class, whose `list` method would shadow the builtin
+Names = list[str]
+
+
+def _backends_seen() -> Select[tuple[str]]:
+    """The distinct backends the history names, in order, one index seek each (a skip scan): DISTINCT would read
+    every row's index entry, 90 ms a page view at a million rows on SQLite."""
+    backend = RequestRecord.backend
+    seen = select(func.min(backend).label("name")).cte("seen", recursive=True)
+    after = select(func.min(backend)).where(backend > seen.c.name).scalar_subquery()
+    seen = seen.union_all(select(after).where(seen.c.name.is_not(None)))
+    return select(seen.c.name).where(seen.c.name.is_not(None))
+
+
+BACKENDS_SEEN = _backends_seen()
 
 
 def _conditions(filters: HistoryFilter) -> list[Any]:
@@ -38,6 +53,8 @@ def _conditions(filters: HistoryFilter) -> list[Any]:
         conditions.append(RequestRecord.arrival_at >= filters.since)
     if filters.until is not None:
         conditions.append(RequestRecord.arrival_at < filters.until)
+    if filters.backend is not None:
+        conditions.append(RequestRecord.backend == filters.backend)
     return conditions
 
 
@@ -89,6 +106,11 @@ class HistoryService:
             if len(rows) < chunk:
                 return
             after = (rows[-1].arrival_at, rows[-1].id)
+
+    async def backends(self) -> Names:
+        """The backends the history names, sorted: the filter's choices."""
+        async with self.sessions() as session:
+            return list(await session.scalars(BACKENDS_SEEN))
 
     async def get(self, request_id: str) -> RequestRecord:
         async with self.sessions() as session:
