@@ -11,7 +11,7 @@ ASSETS := $(VENV)/.assets
 RUN_APT := npm=npm
 TEST_APT := npm=npm chromium=chromium shellcheck=shellcheck systemd-analyze=systemd pg_ctlcluster=postgresql
 
-.PHONY: setup run test lint typecheck pytest bench sysdeps-run sysdeps-test clean
+.PHONY: setup run test lint typecheck pytest bench sysdeps-run sysdeps-test clean vllm-env
 
 setup: $(STAMP) $(ASSETS)
 
@@ -31,6 +31,14 @@ $(ASSETS): $(STAMP) web/static/assets.py
 	$(PY) -m web.static.assets
 	touch $@
 
+# vLLM in its own venv (it pins its own torch): the engine of APPLIANCE_ENGINE=vllm in a checkout, and the real
+# vLLM server the tests start (tests/peers). The same script as install.sh --engine vllm.
+VLLM_ENV := data/peers/vllm
+vllm-env: $(VLLM_ENV)/.installed
+
+$(VLLM_ENV)/.installed: appliance/vllm_env.sh
+	appliance/vllm_env.sh $(VLLM_ENV) $(PYTHON)
+
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
 
@@ -48,7 +56,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
-pytest: sysdeps-test setup
+pytest: sysdeps-test setup vllm-env
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

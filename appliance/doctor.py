@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.doctor_host import FAIL, INFO, OK, WARN, Finding, HostChecks
+from appliance.doctor_vllm import vllm_finding
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.probes import Gpu, cpu_flag, nvidia_gpus
 from appliance.settings import Settings
@@ -47,12 +48,17 @@ class Doctor(HostChecks):
             self.check_disk,
             self.check_assets,
         ]
+        if self.settings.engine == "vllm":
+            checks.insert(checks.index(self.check_model) + 1, self.check_vllm)
         for check in checks:
             try:
                 yield check()
             except Exception as exc:  # a check that breaks must not hide the others
                 name = check.__name__.removeprefix("check_").replace("_", " ")
                 yield Finding(FAIL, name, f"the check itself failed: {type(exc).__name__}: {exc}")
+
+    def check_vllm(self) -> Finding:
+        return vllm_finding(self.settings)
 
     # -- GPU --------------------------------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ from appliance.connections import ConnectionGuard, fit_open_file_limit, guarded_
 from appliance.sdnotify import Notifier, watchdog_interval
 from appliance.settings import Settings
 from appliance.supervisor import Supervisor
-from appliance.wiring import build_gateway, engine_config
-from engine import AsyncEngineClient
+from appliance.wiring import build_gateway, engine_client
 from engine import logs as engine_logs
 from web.app import Gateway, app_of
 
@@ -85,7 +84,7 @@ def configure_logging(level: str) -> None:
 def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; raises SystemExit(1) when the engine could not start under systemd."""
     configure_logging(settings.log_level)
-    client = AsyncEngineClient(engine_config(settings), auto_restart=True)
+    client = engine_client(settings)
     gateway = build_gateway(settings, client)
     guard = ConnectionGuard(fit_open_file_limit(settings.max_connections), settings.request_read_timeout)
     config = uvicorn.Config(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,16 @@ class Settings:
         _default_data_dir,
         "Directory for the database and the converted model cache.",
         default_doc="$XDG_DATA_HOME/llm-appliance",
+    )
+    engine: str = setting(
+        "embedded",
+        "Engine: embedded (the appliance's own), or vllm (a local vLLM OpenAI server it starts and supervises; "
+        "install.sh --engine vllm makes its venv).",
+    )
+    vllm_python: str | None = setting(
+        None,
+        "The vLLM venv's python, for APPLIANCE_ENGINE=vllm.",
+        default_doc="the install's PREFIX/vllm-venv, or data/peers/vllm in a checkout (make vllm-env)",
     )
     model: str = setting(
         "default",
@@ -112,6 +123,14 @@ class Settings:
     )
 
     @property
+    def vllm_interpreter(self) -> Path:
+        """The set APPLIANCE_VLLM_PYTHON, else the first default that exists (else the install's)."""
+        if self.vllm_python:
+            return Path(self.vllm_python).expanduser()
+        candidates = default_vllm_pythons()
+        return next((p for p in candidates if p.is_file()), candidates[0])
+
+    @property
     def database_path(self) -> Path:
         return Path(self.data_dir) / "appliance.db"
 
@@ -129,6 +148,14 @@ class Settings:
         """Where a client on this machine reaches the server (a wildcard bind address answers on loopback)."""
         host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+
+def default_vllm_pythons() -> list[Path]:
+    """install.sh puts the vLLM venv beside the appliance's (PREFIX/venv, PREFIX/vllm-venv); a checkout's
+    `make vllm-env` puts it under data/peers/."""
+    installed = Path(sys.prefix).parent / "vllm-venv" / "bin" / "python"
+    checkout = Path(__file__).resolve().parents[1] / "data" / "peers" / "vllm" / "bin" / "python"
+    return [installed, checkout]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +266,36 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
     if s.database_url is not None:
         _check_database_url(s.database_url)
+    if s.engine not in ENGINES:
+        raise SettingsError(f"{PREFIX}ENGINE must be {' or '.join(ENGINES)}, not {s.engine!r}")
+    if s.engine == "vllm":
+        _check_vllm(s)
+
+
+ENGINES = ("embedded", "vllm")
+# vLLM quantizes at load only through bitsandbytes' 4-bit NF4 (on CUDA); on a CPU it serves unquantized weights.
+VLLM_QUANTIZATIONS = ("auto", "none", "nf4")
+
+
+def _check_vllm(s: Settings) -> None:
+    python = s.vllm_interpreter
+    if not python.is_file():
+        how = (
+            f"{PREFIX}VLLM_PYTHON={s.vllm_python}"
+            if s.vllm_python
+            else "no vLLM venv at " + " or ".join(str(p) for p in default_vllm_pythons())
+        )
+        raise SettingsError(
+            f"{PREFIX}ENGINE=vllm needs vLLM's python, and {how} does not exist: make it with "
+            f"install.sh --engine vllm (or make vllm-env in a checkout), or point {PREFIX}VLLM_PYTHON at one"
+        )
+    if s.quantization not in VLLM_QUANTIZATIONS:
+        raise SettingsError(
+            f"{PREFIX}QUANTIZATION={s.quantization} is not for {PREFIX}ENGINE=vllm: it takes "
+            f"{', '.join(VLLM_QUANTIZATIONS)} (nf4 is bitsandbytes on CUDA)"
+        )
+    if s.model.startswith("random:"):
+        raise SettingsError(f"{PREFIX}ENGINE=vllm serves a real model, not {s.model}")
 
 
 # The async drivers the app runs on: SQLAlchemy's asyncio engine needs one.

@@ -6,6 +6,7 @@ from socket import gethostname
 
 from appliance.models import LocalModels
 from appliance.settings import Settings, load_settings
+from appliance.vllm_engine import VllmEngineClient
 from engine import AsyncEngineClient, EngineConfig
 from web.app import Gateway
 from web.app import build_gateway as build_web_gateway
@@ -37,6 +38,14 @@ def engine_config(settings: Settings) -> EngineConfig:
     )
 
 
+def engine_client(settings: Settings) -> AsyncEngineClient | VllmEngineClient:
+    """The engine APPLIANCE_ENGINE names: the embedded one, or a vLLM server the appliance supervises."""
+    config = engine_config(settings)  # validates the shared limits either way
+    if settings.engine == "vllm":
+        return VllmEngineClient(settings, auto_restart=True)
+    return AsyncEngineClient(config, auto_restart=True)
+
+
 def web_config(settings: Settings) -> WebConfig:
     return WebConfig(
         database_url=settings.database,
@@ -56,8 +65,7 @@ def web_config(settings: Settings) -> WebConfig:
 def build_gateway(settings: Settings | None = None, client: EngineClient | None = None) -> Gateway:
     """The whole appliance's parts; settings from the environment unless given."""
     settings = settings or load_settings()
-    config = engine_config(settings)
     if is_sqlite(settings.database):
         settings.database_path.parent.mkdir(parents=True, exist_ok=True)
-    engine = client or AsyncEngineClient(config, auto_restart=True)
+    engine = client or engine_client(settings)
     return build_web_gateway(web_config(settings), engine, LocalModels(settings))
