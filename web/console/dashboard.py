@@ -1,5 +1,6 @@
-"""The console's dashboard at /admin: the live panel (engine state, memory headroom, counters), the charts over
-the last hour or day, and the diagnosis; each live piece is a partial htmx polls and swaps by its element id."""
+"""The console's dashboard at /admin: the live panel (engine state, memory headroom, counters, keys, backends),
+the charts over the last hour or day, and the diagnosis (per backend where some are remote); each live piece is a
+partial htmx polls and swaps by its element id."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from litestar.plugins.htmx import HTMXRequest, HTMXTemplate
 
 from web import deps
 from web.console.auth import Console, page_context
+from web.console.backend_diagnosis import diagnose_backends, has_remotes
 from web.console.capacity import capacity, typical_chat_tokens
 from web.console.charts import Chart, line_chart
 from web.console.diagnosis import diagnose
@@ -20,7 +22,7 @@ from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render
 from web.console.samples import WINDOWS, Bucket, Window, buckets
 from web.console.tenants import key_shares, seat_holder
 
-PARTIALS = ("engine-state", "memory", "engine-counters", "key-shares", "diagnosis", "charts")
+PARTIALS = ("engine-state", "memory", "engine-counters", "key-shares", "backends", "diagnosis", "charts")
 
 
 def _aligned(rows: list[Bucket], window: Window) -> tuple[list[float], list[Bucket | None]]:
@@ -80,6 +82,7 @@ async def dashboard(
     inflight: deps.InFlight,
     sessions: deps.Sessions,
     keys: deps.Keys,
+    router: deps.Router,
     window: FromQuery[str] = "1h",
 ) -> HTMXTemplate:
     partial = wanted_partial(request, PARTIALS)
@@ -95,6 +98,8 @@ async def dashboard(
     if partial in (None, "key-shares", "diagnosis", "charts"):
         stats = context["live"].stats
         context["shares"] = key_shares(stats, await keys.names() if stats and stats.tenants else {})
+    if partial in (None, "backends", "diagnosis", "charts"):
+        context["backends"] = router.statuses()
     if partial in (None, "charts", "diagnosis"):
         rows, kind = await buckets(sessions, chosen)
         live = context["live"]
@@ -102,7 +107,10 @@ async def dashboard(
         context["charts"] = build_charts(rows, chosen, kind, time.time())
         waiting = live.stats.waiting if live.stats else 0
         holder = seat_holder(context["shares"])
-        context["diagnosis"] = diagnose(
-            state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label, holder
+        statuses = context["backends"]
+        context["diagnosis"] = (
+            diagnose_backends(statuses, kind)
+            if has_remotes(statuses)
+            else diagnose(state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label, holder)
         )
     return render("console/dashboard.html", context, partial=partial)
