@@ -14,7 +14,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, sign_in
+from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, bearer, new_key, sign_in
 from web.app import Gateway
 from web.db import create_db_engine, downgrade_schema, sqlite_url, upgrade_schema
 from web.history.record import BACKEND_MAX, INSERT_REQUEST, RequestLog
@@ -92,6 +92,15 @@ async def test_a_rows_backend_shows_in_the_console_the_csv_and_the_api_and_each_
 
 def _no_backend(rows: list[dict[str, str]]) -> dict[str, str]:
     return {r["id"]: "" for r in rows if not r["backend"]}
+
+
+async def test_a_request_through_the_api_names_the_engine_that_served_it(in_loop: InLoop) -> None:
+    key = await new_key(in_loop.http)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert (await in_loop.http.post("/v1/chat/completions", json=chat, headers=bearer(key))).status_code == 200
+    assert await in_loop.gateway.writer.flush(5)
+    (row,) = (await in_loop.http.get("/admin/api/requests", headers=ADMIN)).json()["data"]
+    assert (row["status"], row["backend"]) == ("finished", "embedded")
 
 
 async def test_a_running_or_failed_request_names_its_backend_and_a_long_name_is_cut_to_the_column(
