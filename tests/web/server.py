@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -51,9 +52,26 @@ class Server:
         raise TimeoutError(f"the server was not ready within {timeout} s:\n{self.log()[-3000:]}")
 
     def new_key(self, name: str = "real", **limits: object) -> str:
+        return self.new_key_and_id(name, **limits)[0]
+
+    def new_key_and_id(self, name: str = "real", **limits: object) -> tuple[str, int]:
+        """A key and its id, for a test on a shared server that counts its own history rows (`key_id=`)."""
         response = httpx.post(self.url + "/admin/api/keys", json={"name": name, **limits}, headers=ADMIN)
         response.raise_for_status()
-        return str(response.json()["key"])
+        body = response.json()
+        return str(body["key"]), int(body["info"]["id"])
+
+    def history(self, **filters: object) -> list[dict[str, Any]]:
+        """History rows, newest first; on a shared server, filter by a key of the test's own (`key_id=`)."""
+        response = httpx.get(self.url + "/admin/api/requests", params=filters, headers=ADMIN)  # type: ignore[arg-type]
+        response.raise_for_status()
+        return list(response.json()["data"])
+
+    def request_row(self, request_id: str) -> dict[str, Any]:
+        """One request's history row, found by the id its answer carried (x-request-id)."""
+        response = httpx.get(f"{self.url}/admin/api/requests/{request_id}", headers=ADMIN)
+        response.raise_for_status()
+        return dict(response.json())
 
     def stop(self, timeout: float = 60) -> int:
         if self.process.poll() is None:

@@ -7,7 +7,6 @@ import importlib.util
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,20 +15,11 @@ import psutil
 import pytest
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, serving, start_server
+from tests.web.server import Server, start_server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
 MESSAGES = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # fp32: these tests compare a greedy answer with its repeat, which hits the prefix cache. In bf16 (the auto
-    # choice on CPUs with native bf16) the cached and the cold paths round differently, and a random model's
-    # near-tied logits can then pick another token.
-    with serving(tmp_path_factory.mktemp("real-server"), dtype="float32") as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +35,6 @@ def sync_client(server: Server, api_key: str) -> openai.OpenAI:
 @pytest.fixture
 def async_client(server: Server, api_key: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
-
-
-def history(server: Server, **query: object) -> list[dict]:
-    response = httpx.get(server.url + "/admin/api/requests", params=query, headers=ADMIN)
-    response.raise_for_status()
-    return list(response.json()["data"])
 
 
 def test_sync_chat_and_completions(sync_client: openai.OpenAI) -> None:
@@ -125,10 +109,11 @@ def test_http_disconnect_cancels_the_request(server: Server, uncapped_key: str) 
     ):
         lines = response.iter_lines()
         received = [next(lines) for _ in range(6)]  # three events (data line + blank line each)
+        request_id = response.headers["x-request-id"]
     assert received[0].startswith("data: ")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        row = history(server, limit=1)[0]
+        row = server.request_row(request_id)
         if row["status"] != "running":
             break
         time.sleep(0.1)
@@ -156,12 +141,14 @@ def test_engine_process_death_then_recovery(server: Server, api_key: str, uncapp
         next(lines)
         engine.send_signal(signal.SIGKILL)
         rest = list(lines)
+        request_id = response.headers["x-request-id"]
     assert any('"engine_unavailable"' in line for line in rest) and "data: [DONE]" not in rest
     assert httpx.get(server.url + "/ready").status_code == 503
     server.wait_ready(timeout=300)  # the client restarts the engine by itself
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
     assert client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3).choices
-    assert history(server, status="failed")[0]["error"]
+    failed = server.request_row(request_id)
+    assert failed["status"] == "failed" and failed["error"]
 
 
 def test_crash_recovery_and_sigterm_drain(tmp_path: Path) -> None:
@@ -183,7 +170,7 @@ def test_crash_recovery_and_sigterm_drain(tmp_path: Path) -> None:
     second = start_server(tmp_path / "crash", drain_timeout="20")
     try:
         second.wait_ready()
-        (row,) = history(second)
+        (row,) = second.history()
         assert row["status"] == "interrupted", row
         quota = httpx.get(second.url + "/admin/api/keys/1", headers=ADMIN).json()["usage"]
         assert quota["reserved_tokens"] == 0

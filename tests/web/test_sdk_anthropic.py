@@ -5,7 +5,6 @@ body."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -30,12 +29,6 @@ WEATHER: Any = {
 }
 
 IMAGE: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("sdk-anthropic"), dtype="float32") as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,14 @@ under the constraint the output must still parse and validate, whatever the mode
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Literal
 
-import httpx
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict
 
-from tests.web.conftest import ADMIN
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -31,21 +28,9 @@ class Place(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("sdk-structured"), dtype="float32") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
     key = server.new_key(max_tokens_per_request=128)
     return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def history(server: Server) -> list[dict]:
-    response = httpx.get(server.url + "/admin/api/requests", params={"limit": 100}, headers=ADMIN)
-    response.raise_for_status()
-    return list(response.json()["data"])
 
 
 def test_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
@@ -90,7 +75,7 @@ def test_two_choices_with_penalties(client: openai.OpenAI, server: Server) -> No
     assert chat.choices[0].message.content != chat.choices[1].message.content  # seeds 5 and 6
     assert chat.usage is not None and 2 <= chat.usage.completion_tokens <= 16
     assert chat.system_fingerprint and chat.system_fingerprint.startswith("fp_")
-    (row,) = [r for r in history(server) if r["id"] == raw.headers["x-request-id"]]
+    row = server.request_row(raw.headers["x-request-id"])
     assert row["id"] == chat.id and row["completion_tokens"] == chat.usage.completion_tokens
     assert row["prompt_tokens"] == chat.usage.prompt_tokens
 
@@ -116,14 +101,14 @@ def test_cached_tokens_on_a_repeated_prompt(client: openai.OpenAI) -> None:
 
 
 def test_an_empty_quota_is_not_retried(server: Server) -> None:
-    poor = openai.OpenAI(base_url=server.url + "/v1", api_key=server.new_key("poor", quota_tokens=5), timeout=30)
+    key, key_id = server.new_key_and_id("poor", quota_tokens=5)
+    poor = openai.OpenAI(base_url=server.url + "/v1", api_key=key, timeout=30)
     assert poor.max_retries == 2  # the SDK's default: it would retry a plain 429 twice
-    before = len(history(server))
     with pytest.raises(openai.RateLimitError) as refused:
         poor.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
     assert refused.value.code == "insufficient_quota"
     assert refused.value.response.headers["x-should-retry"] == "false"
-    assert len(history(server)) == before + 1  # one request reached the server
+    assert len(server.history(key_id=key_id)) == 1  # one request reached the server
 
 
 def test_langchain_with_structured_output(server: Server) -> None:

@@ -6,14 +6,13 @@ these run through the fallback prompt and the Hermes parser."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -45,12 +44,6 @@ CLOCK = {
     },
 }
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("sdk-tools"), dtype="float32") as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
