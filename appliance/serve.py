@@ -79,6 +79,8 @@ def configure_logging(level: str) -> None:
     engine_logs.configure_logging(level)
     # The scheduler logs every run of the 5-second sampler at INFO.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # httpx logs every request at INFO: each backend's health and metrics probes would be lines every second.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def serve(settings: Settings) -> None:

@@ -9,14 +9,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import secrets
 import signal
-import socket
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -99,7 +96,7 @@ class VllmEngineClient:
         if self._device is None:
             self._device = await asyncio.to_thread(vllm_process.resolve_device, settings)
         key = secrets.token_urlsafe(24)  # a fresh one per start: only this process ever knows it
-        port = _free_port()
+        port = vllm_process.free_port()
         launch = vllm_process.plan(settings, model, served, self._device, port, key)
         log.info("starting vLLM: %s", " ".join(launch.command))
         self._last_lines.clear()
@@ -114,14 +111,14 @@ class VllmEngineClient:
         max_model_len = await self._until_ready(process, upstream, served)
         self._scrape = await scrape(self._http, upstream.base_url)
         if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != str(model):
-            self.tokenizer = await asyncio.to_thread(_load_tokenizer, model)
+            self.tokenizer = await asyncio.to_thread(vllm_process.load_tokenizer, model)
         num_blocks, block_size, pool = self._scrape.blocks if self._scrape is not None else (0, 0, 0)
         self._weights_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))
         return ModelInfo(
             name=served,
             max_model_len=max_model_len,
             tokenizer_dir=str(model),
-            eos_token_ids=_eos_token_ids(model, self.tokenizer),
+            eos_token_ids=vllm_process.eos_token_ids(model, self.tokenizer),
             device=launch.device,
             dtype=launch.dtype,
             quantization=launch.quantization,
@@ -302,25 +299,3 @@ class VllmStream:
         if inner is not None and self._client._streams.get(self.request_id) is inner:
             del self._client._streams[self.request_id]
         return inner
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _eos_token_ids(model: Path, tokenizer: Any) -> list[int]:
-    """generation_config.json's ids (it may list several) and the tokenizer's own."""
-    try:
-        listed = json.loads((model / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError, AttributeError):
-        listed = None
-    candidates = [*(listed if isinstance(listed, list) else [listed]), tokenizer.eos_token_id]
-    return list(dict.fromkeys(t for t in candidates if isinstance(t, int)))

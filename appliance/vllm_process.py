@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from appliance.settings import Settings
 
@@ -67,6 +70,7 @@ def plan(settings: Settings, model: Path, served_name: str, device: str, port: i
         *("--model", str(model), "--served-model-name", served_name),
         *("--max-num-seqs", str(settings.max_num_seqs), "--dtype", dtype),
         *("--host", "127.0.0.1", "--port", str(port)),
+        "--disable-uvicorn-access-log",  # a line per request and per metrics scrape (every second) in the journal
     ]
     if settings.max_model_len is not None:
         command += ["--max-model-len", str(settings.max_model_len)]
@@ -90,6 +94,28 @@ def plan(settings: Settings, model: Path, served_name: str, device: str, port: i
             log.info("vLLM on the CPU quantizes nothing: APPLIANCE_QUANTIZATION=%s applies on CUDA only", wanted)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, settings.kv_cache_bytes >> 30))  # vLLM takes whole GiB
     return Launch(command, env, device, dtype, quantization)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def eos_token_ids(model: Path, tokenizer: Any) -> list[int]:
+    """generation_config.json's ids (it may list several) and the tokenizer's own."""
+    try:
+        listed = json.loads((model / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    candidates = [*(listed if isinstance(listed, list) else [listed]), tokenizer.eos_token_id]
+    return list(dict.fromkeys(t for t in candidates if isinstance(t, int)))
 
 
 async def spawn(launch: Launch) -> asyncio.subprocess.Process:

@@ -15,6 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from web.system import admin_auth  # after the environment above
 
+# The real vLLM server (vllm_model, vllm_server) for any test of the suite.
+pytest_plugins = ["tests.peers.vllm"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _scrypt_once_per_password() -> Iterator[None]:

@@ -28,7 +28,8 @@ def test_shellcheck_finds_nothing() -> None:
 def test_help_lists_the_options() -> None:
     result = run_install_sh("--help")
     assert result.returncode == 0
-    for option in ("--prefix", "--no-systemd", "--uninstall", "--purge", "--source", "--port", "--host", "--model"):
+    options = ("--prefix", "--no-systemd", "--uninstall", "--purge", "--source", "--port", "--host", "--model")
+    for option in (*options, "--engine"):
         assert option in result.stdout
 
 
@@ -42,6 +43,7 @@ def test_help_lists_the_options() -> None:
         (["--no-systemd", "--prefix", "/tmp/with space"], "--prefix may hold only"),
         (["--no-systemd", "--quantization", "q3"], "--quantization must be auto, none, nf4, fp4 or int8"),
         (["--no-systemd", "--model"], "--model needs a value"),
+        (["--no-systemd", "--engine", "tgi"], "--engine must be embedded or vllm"),
     ],
 )
 def test_bad_options_stop_before_anything_is_touched(args: list[str], complaint: str) -> None:
