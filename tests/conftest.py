@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,8 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from web.system import admin_auth  # after the environment above
 
-# The real vLLM server (vllm_model, vllm_server) for any test of the suite.
-pytest_plugins = ["tests.peers.vllm"]
+if TYPE_CHECKING:
+    from tests.web.server import Server
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -41,3 +42,17 @@ def _scrypt_once_per_password() -> Iterator[None]:
     admin_auth.hash_password, admin_auth.verify_password = hash_password, verify_password  # type: ignore[assignment]
     yield
     admin_auth.hash_password, admin_auth.verify_password = hash_real, verify_real  # type: ignore[assignment]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real appliance (tests/web/server.py: its own process, random:tiny) for every suite that leaves it
+    running (robustness, security's engine boundary, web's real-server and SDK suites): a start costs ~15 s of CI.
+    Tests on it never count all rows: each finds its own (by request id, or by a key of its own). A suite that
+    needs other settings, or kills or stops its server, starts its own. fp32: tests compare a greedy answer with
+    its repeat, which hits the prefix cache; in bf16 (the auto choice on CPUs with native bf16) the cached and the
+    cold paths round differently, and a random model's near-tied logits can then pick another token."""
+    from tests.web.server import serving  # it imports tests/web/conftest.py, which needs the environment above
+
+    with serving(tmp_path_factory.mktemp("real-server"), dtype="float32") as srv:
+        yield srv

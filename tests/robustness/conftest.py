@@ -1,6 +1,6 @@
-"""What the robustness suites share: a real appliance server on random:tiny (tests/web/server.py) for the whole
-package, streaming clients that keep what the server told them, and the server's state read where it lives: the
-SQLite file, the admin stats, the engine process."""
+"""What the robustness suites share: streaming clients that keep what the server told them, and the server's state
+read where it lives: the SQLite file, the admin stats, the engine process. The suites that leave their server
+running use the run's shared one (tests/conftest.py `server`); the ones that kill or stop a server start their own."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 
 from tests.figures import record
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, serving
+from tests.web.server import Server
 from web.history.record import TERMINAL
 
 MODEL = "random:tiny"
@@ -52,14 +52,6 @@ def pytest_runtest_makereport(
         failing = int(report.skipped and hasattr(report, "wasxfail"))
         record(FAULTS, item.name, {"checks failing on known bugs (xfail, BUGS.md)": failing})
     return report
-
-
-@pytest.fixture(scope="package")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for the suites that leave it running (the ones that kill or stop a server start their own),
-    stopped after this package's last test so it does not idle through the rest of the run."""
-    with serving(tmp_path_factory.mktemp("robustness")) as srv:
-        yield srv
 
 
 def db_path(server: Server) -> Path:

@@ -1,10 +1,9 @@
 """What only a real server shows (random:tiny, its own process): where it listens when no address is set, and
 bad input that gets past the web room's checks to the engine's boundary (real tokenizer, msgpack to the engine
-process). One server for the module; ~15 s to start."""
+process). On the run's shared server (tests/conftest.py `server`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,18 +12,12 @@ import pytest
 
 from tests.security.conftest import SERVER_ERRORS, TRIED, figures
 from tests.web.conftest import ADMIN, assert_openai_error
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
 VOCAB = 49_152  # random:tiny's tokenizer
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("engine-boundary"), drain_timeout="1") as srv:  # no APPLIANCE_HOST
-        yield srv
 
 
 def _post(server: Server, key: str, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -83,12 +76,11 @@ def test_integers_beyond_64_bits_are_refused(
 
 
 def test_a_stream_that_fails_to_start_releases_its_key(request: pytest.FixtureRequest, server: Server) -> None:
-    key = server.new_key("one at a time", max_concurrent=1, quota_tokens=10_000)
+    key, key_id = server.new_key_and_id("one at a time", max_concurrent=1, quota_tokens=10_000)
     failed = _post(server, key, "/v1/chat/completions", {**CHAT, "stream": True, "seed": 2**64, "temperature": 1})
     figures(request, {TRIED: 1, SERVER_ERRORS: int(failed.status_code >= 500)})
     listed = httpx.get(server.url + "/admin/api/keys", headers=ADMIN, timeout=10).json()
     (usage,) = [k["usage"] for k in listed if k["name"] == "one at a time"]
     assert (usage["in_flight"], usage["reserved_tokens"]) == (0, 0)
     assert _post(server, key, "/v1/chat/completions", CHAT).status_code == 200
-    rows = httpx.get(server.url + "/admin/api/requests", params={"limit": 5}, headers=ADMIN, timeout=10).json()
-    assert "queued" not in [r["status"] for r in rows["data"]]
+    assert "queued" not in [r["status"] for r in server.history(key_id=key_id)]

@@ -1,5 +1,5 @@
 """Fixtures for the web room: a temporary SQLite file, the fake engine client, the app under Litestar's
-async test client, helpers to make keys through the admin API, and the package's one shared real server."""
+async test client, and helpers to make keys through the admin API."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pytest
@@ -23,9 +23,6 @@ from tests.postgres.server import database_url_for
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway, create_app
 from web.config import WebConfig
-
-if TYPE_CHECKING:
-    from tests.web.server import Server
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 METRICS_TOKEN = "metrics-token-for-tests"
@@ -44,19 +41,6 @@ def web_config(db_path: Path, **overrides: Any) -> WebConfig:
     }
     values.update(overrides)
     return WebConfig(**values)
-
-
-@pytest.fixture(scope="package")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real appliance (tests/web/server.py: its own process, random:tiny) for every module here that leaves it
-    running: a start costs ~15 s of CI, so the SDK suites share it, and each test finds its own requests (by id, or
-    by a key of its own) instead of counting all rows. fp32: tests compare a greedy answer with its repeat, which
-    hits the prefix cache; in bf16 (the auto choice on CPUs with native bf16) the cached and the cold paths round
-    differently, and a random model's near-tied logits can then pick another token."""
-    from tests.web.server import serving  # server.py imports this module's constants
-
-    with serving(tmp_path_factory.mktemp("real-server"), dtype="float32") as srv:
-        yield srv
 
 
 @pytest.fixture
