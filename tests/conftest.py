@@ -19,6 +19,9 @@ from web.system import admin_auth  # after the environment above
 if TYPE_CHECKING:
     from tests.web.server import Server
 
+# The real vLLM server (vllm_model, vllm_server) for any test of the suite.
+pytest_plugins = ["tests.peers.vllm"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _scrypt_once_per_password() -> Iterator[None]:
