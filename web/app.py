@@ -23,6 +23,7 @@ from web.backends.protocol import Backend
 from web.backends.router import Router, remote_backends
 from web.backends.tokenizers import Tokenizers
 from web.config import WebConfig
+from web.console.backends import backends_api
 from web.console.mount import pages
 from web.db import create_db_engine, create_sessionmaker, upgrade_schema
 from web.errors import EXCEPTION_HANDLERS
@@ -187,6 +188,7 @@ def app_of(gateway: Gateway) -> Litestar:
         admin_system_router(admin),
         keys_router(admin),
         history_router(admin),
+        backends_api(admin),
     ]
     browser = pages()  # the chat page, the admin console, their templates and static files
     dependencies = gateway.dependencies()

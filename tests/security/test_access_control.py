@@ -96,6 +96,7 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("DELETE", "/admin/api/keys/{key_id:int}"): Call(204),
     ("POST", "/admin/api/keys/{key_id:int}/revoke"): Call(200),
     ("GET", "/admin/api/requests"): Call(200),
+    ("GET", "/admin/api/backends"): Call(200),
     ("GET", "/admin/api/requests/{request_id:str}"): Call(200),
     ("GET", "/admin/api/openapi.json"): Call(200),  # admin-only: it lists the admin API
     ("GET", "/"): Call(200),

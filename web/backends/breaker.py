@@ -1,6 +1,7 @@
 """A circuit breaker per backend: after FAILURES failures in a row it opens and the router sends it nothing for
-a cool-down (doubling up to MAX_COOLDOWN_S while it keeps failing); then one request (or a good health probe)
-may try it, and a success closes it."""
+a cool-down (doubling up to MAX_COOLDOWN_S while it keeps failing). Then one request may try it (half-open), or
+a good health probe lets requests in again on probation: one more failure opens it for longer. A success
+closes it."""
 
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ class Breaker:
         self._opened_at = None
         self._cooldown = COOLDOWN_S
         self._trial = False
+
+    def recovered(self) -> None:
+        """Its health probe answers again: once the cool-down is over, requests may go (on probation)."""
+        if self._opened_at is not None and time.monotonic() - self._opened_at >= self._cooldown:
+            self._opened_at, self._trial = None, False
+            self.failures = FAILURES - 1
+            self._cooldown = min(self._cooldown * 2, MAX_COOLDOWN_S)
 
     def failure(self) -> None:
         self.failures += 1

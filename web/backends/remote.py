@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -23,7 +22,6 @@ from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamModel, Upstre
 log = logging.getLogger("web.backends")
 
 MODELS_EVERY_S = 10.0  # how often its model list is asked again (load and health: every probe)
-TTFT_WINDOW = 64  # recent requests whose time to first token the console shows
 DEFAULT_CONTEXT = 4096  # a server that does not say its context (llama.cpp, Ollama): the check leaves it to it
 
 # (served name, the backend's tokenizer option) -> (tokenizer, its directory), or None where the gateway has none.
@@ -45,14 +43,8 @@ class RemoteBackend:
         self._served: dict[str, Served] = {}
         self._models_at = -MODELS_EVERY_S
         self._streams: dict[str, UpstreamStream] = {}
-        self.requests = 0
-        self.ttfts: deque[float] = deque(maxlen=TTFT_WINDOW)
         self.last_error: str | None = None
         self.unservable: tuple[str, ...] = ()  # models it lists that the gateway has no tokenizer for
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._streams)
 
     def models(self) -> dict[str, Served]:
         return self._served if self.state() == "up" else {}
@@ -75,7 +67,6 @@ class RemoteBackend:
         tenant: Tenant | None,
     ) -> AsyncIterator[RequestOutput]:
         self.breaker.allow()
-        self.requests += 1
         stream = self.upstream.generate(served.upstream_id, prompt_ids, params, request_id, arrival_time)
         self._streams[request_id] = stream
         return _Tracked(self, stream)
@@ -109,6 +100,7 @@ class RemoteBackend:
         if health != "up":
             self._load = None
             return
+        self.breaker.recovered()
         self._load = await self.upstream.scrape()
         if time.monotonic() - self._models_at >= MODELS_EVERY_S or not self._served:
             await self._refresh_models()
@@ -163,13 +155,11 @@ def _tokenizer_context(tokenizer: Any) -> int | None:
 
 
 class _Tracked:
-    """The upstream stream as the router hands it on: it tells the backend how it ended (breaker, TTFT)."""
+    """The upstream stream as the router hands it on: it tells the backend how it ended (its breaker)."""
 
     def __init__(self, backend: RemoteBackend, stream: UpstreamStream) -> None:
         self._backend = backend
         self._stream = stream
-        self._started = time.monotonic()
-        self._first: float | None = None
         self._ended = False
 
     def __aiter__(self) -> _Tracked:
@@ -184,9 +174,6 @@ class _Tracked:
         except Exception as exc:
             self._end(exc)
             raise
-        if self._first is None and out.token_ids:
-            self._first = time.monotonic()
-            self._backend.ttfts.append(self._first - self._started)
         if out.finished:
             self._end(None)
         return out

@@ -12,6 +12,8 @@ import hashlib
 import logging
 import random
 import statistics
+import time
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 
 import httpx
@@ -30,6 +32,7 @@ PROBE_EVERY_S = 1.0
 STICKY_TOKENS = 256  # the prompt's head that names a conversation (its system prompt and first turn)
 STICKY_SLACK = 2  # how many requests busier than the least busy backend a sticky one may be
 RETRIES = 1
+TTFT_WINDOW = 64  # recent requests whose time to first token the console shows, per backend
 
 
 class Router:
@@ -45,6 +48,8 @@ class Router:
         self.sticky = sticky
         self._rng = rng or random.Random()
         self._in_flight: dict[str, int] = {b.name: 0 for b in self.backends}
+        self._requests: Counter[str] = Counter()  # routed to each since the start
+        self._ttfts: dict[str, deque[float]] = {b.name: deque(maxlen=TTFT_WINDOW) for b in self.backends}
         self._known: set[str] = set()  # every model name a backend has served: 503 rather than 404 while down
         self._streams: dict[str, RoutedStream] = {}
 
@@ -127,6 +132,10 @@ class Router:
 
     def _opened(self, backend: Backend) -> None:
         self._in_flight[backend.name] = self._in_flight.get(backend.name, 0) + 1
+        self._requests[backend.name] += 1
+
+    def _first_token(self, backend: Backend, seconds: float) -> None:
+        self._ttfts.setdefault(backend.name, deque(maxlen=TTFT_WINDOW)).append(seconds)
 
     def _closed(self, backend: Backend) -> None:
         self._in_flight[backend.name] = max(self._in_flight.get(backend.name, 0) - 1, 0)
@@ -168,7 +177,7 @@ class Router:
         for b in self.backends:
             load = b.load()
             remote = b if isinstance(b, RemoteBackend) else None
-            ttfts = list(remote.ttfts) if remote is not None else []
+            ttfts = list(self._ttfts.get(b.name, ()))
             out.append(
                 BackendStatus(
                     name=b.name,
@@ -182,7 +191,7 @@ class Router:
                     in_flight=self._in_flight.get(b.name, 0),
                     ttft_p50_s=statistics.median(ttfts) if ttfts else None,
                     errors=remote.breaker.failures if remote is not None else 0,
-                    requests=remote.requests if remote is not None else 0,
+                    requests=self._requests[b.name],
                     last_error=remote.last_error if remote is not None else None,
                 )
             )
@@ -215,6 +224,7 @@ class RoutedStream:
         self._stream: AsyncIterator[RequestOutput] | None = None
         self._started = False
         self._closed = False  # forgotten by the router
+        self._opened_at: float | None = None  # until its first token
 
     @property
     def backend_name(self) -> str | None:
@@ -256,6 +266,7 @@ class RoutedStream:
         self.backend = backend
         self._stream = backend.generate(served, prompt_ids, params, request_id, arrival_time, tenant)
         self._router._opened(backend)
+        self._opened_at = time.monotonic()
         return backend
 
     async def _next(self, retrying: bool = False) -> RequestOutput:
@@ -273,6 +284,9 @@ class RoutedStream:
         except BaseException:  # cancelled (the client went away), or anything else: the backend's request stops
             await self.aclose()
             raise
+        if self._opened_at is not None and out.token_ids and self.backend is not None:
+            self._router._first_token(self.backend, time.monotonic() - self._opened_at)
+            self._opened_at = None
         if out.finished:
             await self._release(close=False)
             self._end()

@@ -1,0 +1,259 @@
+"""A gateway in front of two other appliances (random:tiny) as its remote backends, all real processes: the
+requests spread over both, history and usage are exact across them, upstream keys appear nowhere, a backend
+SIGKILLed under load fails over with nothing lost, and a draining backend gets no new requests. The tests run in
+file order on one set of servers (the last one drains a backend for good)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.web.conftest import ADMIN, METRICS_TOKEN, sign_in
+from tests.web.server import SHARED_MODEL_CACHE, Server, free_port, serving, start_server
+
+pytestmark = pytest.mark.slow
+MODEL = "random:tiny"
+TOKENIZER = SHARED_MODEL_CACHE / "random-tiny"  # the random model's tokenizer, which the backends write there
+TERMINAL = {"finished", "failed", "cancelled", "rejected", "interrupted"}
+
+
+@dataclass
+class Fleet:
+    gateway: Server
+    backends: dict[str, Server]  # by the name history rows give them (host:port)
+    upstream_keys: dict[str, str]
+    key: str  # the gateway's API key
+
+
+def backend_name(server: Server) -> str:
+    return server.url.removeprefix("http://")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    with serving(root / "a") as a, serving(root / "b") as b:
+        keys = {backend_name(s): s.new_key("gateway") for s in (a, b)}
+        entries = [f"http://:{keys[backend_name(s)]}@{backend_name(s)}#tokenizer={TOKENIZER}" for s in (a, b)]
+        with serving(root / "gateway", backends=",".join(entries)) as gateway:
+            fleet = Fleet(gateway, {backend_name(a): a, backend_name(b): b}, keys, gateway.new_key("clients"))
+            wait_for(lambda: all(s["state"] == "up" and s["models"] for s in statuses(fleet)), "both backends up")
+            yield fleet
+
+
+def statuses(fleet: Fleet) -> list[dict[str, Any]]:
+    response = httpx.get(fleet.gateway.url + "/admin/api/backends", headers=ADMIN, timeout=10)
+    response.raise_for_status()
+    return list(response.json())
+
+
+def state_of(fleet: Fleet, name: str) -> str:
+    return next(s["state"] for s in statuses(fleet) if s["name"] == name)
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"not within {timeout} s: {what}")
+
+
+def history(server: Server, **query: object) -> list[dict[str, Any]]:
+    response = httpx.get(server.url + "/admin/api/requests", params={"limit": 500, **query}, headers=ADMIN)
+    response.raise_for_status()
+    return list(response.json()["data"])
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    status: int
+    tokens: int  # content deltas the client received
+    finished: bool  # a finish_reason arrived
+    error: dict[str, Any] | None
+
+
+async def stream_chat(http: httpx.AsyncClient, fleet: Fleet, max_tokens: int, text: str) -> Outcome:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {fleet.key}"}
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        request_id = response.headers.get("x-request-id", "")
+        if response.status_code != 200:
+            return Outcome(request_id, response.status_code, 0, False, json.loads(await response.aread())["error"])
+        tokens, finished, error = 0, False, None
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                error = event["error"]
+                continue
+            for choice in event.get("choices", []):
+                tokens += 1 if choice["delta"].get("content") else 0
+                finished = finished or choice.get("finish_reason") is not None
+        return Outcome(request_id, 200, tokens, finished, error)
+
+
+async def many(fleet: Fleet, n: int, max_tokens: int, during: Any = None) -> list[Outcome]:
+    async with httpx.AsyncClient(base_url=fleet.gateway.url, timeout=120) as http:
+        tasks = [asyncio.ensure_future(stream_chat(http, fleet, max_tokens, f"request {i}")) for i in range(n)]
+        if during is not None:
+            await during()
+        return list(await asyncio.gather(*tasks))
+
+
+def test_requests_spread_over_the_backends_with_exact_usage(fleet: Fleet) -> None:
+    models = httpx.get(fleet.gateway.url + "/v1/models", headers={"Authorization": f"Bearer {fleet.key}"}).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    outcomes = asyncio.run(many(fleet, 24, 8))
+    assert all(o.status == 200 and o.finished and o.error is None for o in outcomes), outcomes
+    rows = {r["id"]: r for r in history(fleet.gateway)}
+    ours = [rows[o.request_id] for o in outcomes]
+    assert {r["status"] for r in ours} == {"finished"}
+    spread = Counter(r["backend"] for r in ours)
+    assert set(spread) == set(fleet.backends) and min(spread.values()) >= 4, spread
+    # What each backend charged its key equals what the gateway recorded for the requests it sent there.
+    for name, backend in fleet.backends.items():
+        served = [r for r in history(backend) if r["status"] == "finished"]
+        mine = [r for r in ours if r["backend"] == name]
+        assert len(served) == len(mine)
+        assert sum(r["prompt_tokens"] for r in served) == sum(r["prompt_tokens"] for r in mine)
+        assert sum(r["completion_tokens"] for r in served) == sum(r["completion_tokens"] for r in mine) == 8 * len(mine)
+    assert history(fleet.gateway, backend=next(iter(fleet.backends)))  # the history filters by backend
+
+
+def test_upstream_keys_appear_in_no_log_page_or_api(fleet: Fleet) -> None:
+    gateway = fleet.gateway
+
+    async def pages() -> list[str]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            await sign_in(http)
+            console = [(await http.get(path)).text for path in ("/admin/backends", "/admin/history", "/admin")]
+        api = [
+            httpx.get(gateway.url + path, headers=ADMIN).text
+            for path in ("/admin/api/backends", "/admin/api/requests", "/admin/api/stats")
+        ]
+        metrics = httpx.get(gateway.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
+        return [*console, *api, metrics]
+
+    seen = asyncio.run(pages())
+    assert all(name in "".join(seen[:3]) for name in fleet.backends)  # the console shows them
+    for text in [gateway.log(), *seen]:
+        assert not any(key in text for key in fleet.upstream_keys.values())
+    assert all(s["url"] == f"http://{s['name']}" for s in statuses(fleet))
+
+
+def test_a_backend_killed_under_load_fails_over_and_nothing_is_lost(fleet: Fleet) -> None:
+    victim_name, victim = next(iter(fleet.backends.items()))
+    survivor = next(n for n in fleet.backends if n != victim_name)
+    before = {r["id"] for r in history(fleet.gateway)}
+
+    async def kill_when_streaming() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            busy = next(s for s in statuses(fleet) if s["name"] == victim_name)["in_flight"]
+            if busy >= 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # some of them are streaming now
+        victim.process.send_signal(signal.SIGKILL)
+
+    outcomes = asyncio.run(many(fleet, 16, 200, during=kill_when_streaming))
+    victim.process.wait(10)
+    rows = {r["id"]: r for r in history(fleet.gateway) if r["id"] not in before}
+    assert len(rows) == len(outcomes)  # one row per request
+    for o in outcomes:
+        row = rows[o.request_id]
+        assert row["status"] in TERMINAL
+        if row["status"] == "finished":
+            assert o.finished and o.error is None and row["completion_tokens"] == 200 and 0 < o.tokens <= 200
+        else:  # cut mid-stream on the killed backend: the in-band error; the tokens streamed are charged
+            assert row["status"] == "failed" and row["backend"] == victim_name, row
+            assert o.error is not None and o.error["code"] == "engine_unavailable" and not o.finished
+            assert row["completion_tokens"] >= o.tokens > 0
+    assert any(r["backend"] == survivor and r["status"] == "finished" for r in rows.values())
+    # New requests all go to the survivor, once the gateway knows (or on their retry before it does).
+    after = asyncio.run(many(fleet, 6, 4))
+    assert all(o.status == 200 and o.finished for o in after), after
+    assert {r["backend"] for r in history(fleet.gateway) if r["id"] in {o.request_id for o in after}} == {survivor}
+    wait_for(lambda: state_of(fleet, victim_name) == "down", "the killed backend shown down", 10)
+    # It comes back on its port: the gateway sends it requests again.
+    port = victim_name.rsplit(":", 1)[1]
+    revived = start_server(victim.data_dir, port=port)
+    revived.url = f"http://{victim_name}"
+    fleet.backends[victim_name] = revived
+    revived.wait_ready()
+    wait_for(lambda: state_of(fleet, victim_name) == "up", "the restarted backend up again")
+
+
+def test_a_draining_backend_gets_no_new_requests(fleet: Fleet) -> None:
+    draining_name, draining = list(fleet.backends.items())[1]
+    other = next(n for n in fleet.backends if n != draining_name)
+    key = fleet.upstream_keys[draining_name]
+
+    async def scenario() -> list[Outcome]:
+        async with httpx.AsyncClient(base_url=draining.url, timeout=120) as direct:
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True}
+            long = asyncio.ensure_future(
+                direct.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            )
+            await asyncio.sleep(0.5)
+            draining.process.send_signal(signal.SIGTERM)  # it drains: the long request still runs
+            deadline = time.monotonic() + 20
+            while state_of(fleet, draining_name) != "draining" and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert state_of(fleet, draining_name) == "draining"
+            outcomes = await many(fleet, 8, 4)
+            await long
+            return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert all(o.status == 200 and o.finished for o in outcomes), outcomes
+    ids = {o.request_id for o in outcomes}
+    assert {r["backend"] for r in history(fleet.gateway) if r["id"] in ids} == {other}
+    assert draining.process.wait(60) == 0
+
+
+def test_a_gateway_with_no_backend_up_refuses_in_the_api_shape(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    gateway = start_server(tmp_path, backends=f"http://127.0.0.1:{port}#tokenizer={TOKENIZER}")
+    try:
+        wait_for(lambda: _answers(gateway), "the gateway answers")
+        ready = httpx.get(gateway.url + "/ready")
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "engine_unavailable"
+        assert "no backend is up" in ready.json()["error"]["message"]
+        key = gateway.new_key("clients")
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        refused = httpx.post(
+            gateway.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
+        assert [s["state"] for s in httpx.get(gateway.url + "/admin/api/backends", headers=ADMIN).json()] == ["down"]
+    finally:
+        assert gateway.stop() == 0
+
+
+def _answers(server: Server) -> bool:
+    try:
+        return httpx.get(server.url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
