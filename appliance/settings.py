@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from web.backends.spec import BackendSpecError, parse_backends
 from web.db import redacted_url, sqlite_url
 
 PREFIX = "APPLIANCE_"
@@ -120,6 +121,16 @@ class Settings:
         "This gateway's name in the history rows it admits, where several share one PostgreSQL: after a crash "
         "it marks only its own rows interrupted. Keep it the same across restarts.",
         default_doc="hostname:port",
+    )
+    backends: str = setting(
+        "",
+        "Engines behind this gateway: comma-separated base URLs of OpenAI-compatible servers (vLLM, SGLang, "
+        "llama.cpp, another appliance; a key as the URL's password: http://:KEY@host:port), and `embedded` for "
+        "this box's own engine. Empty: the box's engine alone.",
+        secret=True,
+    )
+    sticky_backends: bool = setting(
+        False, "Keep a conversation on one backend (its prefix cache) unless that one is much busier."
     )
 
     @property
@@ -266,6 +277,10 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
     if s.database_url is not None:
         _check_database_url(s.database_url)
+    try:
+        parse_backends(s.backends)
+    except BackendSpecError as exc:
+        raise SettingsError(f"{PREFIX}BACKENDS: {exc}") from None
     if s.engine not in ENGINES:
         raise SettingsError(f"{PREFIX}ENGINE must be {' or '.join(ENGINES)}, not {s.engine!r}")
     if s.engine == "vllm":

@@ -10,6 +10,8 @@ from appliance.vllm_engine import VllmEngineClient
 from engine import AsyncEngineClient, EngineConfig
 from web.app import Gateway
 from web.app import build_gateway as build_web_gateway
+from web.backends.none import NoLocalEngine
+from web.backends.spec import parse_backends
 from web.config import WebConfig
 from web.db import is_sqlite
 from web.generation.backend import EngineClient
@@ -38,9 +40,12 @@ def engine_config(settings: Settings) -> EngineConfig:
     )
 
 
-def engine_client(settings: Settings) -> AsyncEngineClient | VllmEngineClient:
-    """The engine APPLIANCE_ENGINE names: the embedded one, or a vLLM server the appliance supervises."""
+def engine_client(settings: Settings) -> AsyncEngineClient | VllmEngineClient | NoLocalEngine:
+    """The engine APPLIANCE_ENGINE names: the embedded one, or a vLLM server the appliance supervises; none where
+    APPLIANCE_BACKENDS lists only remote servers."""
     config = engine_config(settings)  # validates the shared limits either way
+    if not parse_backends(settings.backends).embedded:
+        return NoLocalEngine()
     if settings.engine == "vllm":
         return VllmEngineClient(settings, auto_restart=True)
     return AsyncEngineClient(config, auto_restart=True)
@@ -57,6 +62,9 @@ def web_config(settings: Settings) -> WebConfig:
         metrics_token=settings.metrics_token,
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,
+        backends=parse_backends(settings.backends),
+        sticky_backends=settings.sticky_backends,
+        local_backend_name="vllm" if settings.engine == "vllm" else "embedded",
         # One SQLite file has one gateway, which takes every row it finds in flight; a shared database needs names.
         gateway_id=None if is_sqlite(settings.database) else settings.gateway_id or f"{gethostname()}:{settings.port}",
     )
