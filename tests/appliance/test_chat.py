@@ -103,7 +103,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         served.wait_ready()
         yield served
     finally:
-        served.stop()
+        served.kill()
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ def test_a_crash_charges_what_was_streamed(tmp_path: Path) -> None:
         rows = httpx.get(second.url + "/admin/api/requests?limit=100", headers=ADMIN).json()["data"]
         usage = httpx.get(second.url + "/admin/api/keys/1", headers=ADMIN).json()["usage"]
     finally:
-        second.stop()
+        second.kill()
     streamed = [r for r in rows if r["status"] == "interrupted"]
     assert len(streamed) >= STREAMS // 2 and sum(received) > 0, (len(streamed), sum(received))
     charged = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["completion_tokens"])

@@ -67,7 +67,7 @@ def test_half_open_connections_leave_health_answering(tmp_path: Path) -> None:
             response = httpx.get(server.url + "/health", timeout=10)
             assert response.status_code == 200
     finally:
-        server.stop()
+        server.kill()
 
 
 def closed_by_the_server(sock: socket.socket, within: float) -> bool:
@@ -128,4 +128,4 @@ def test_the_server_closes_what_never_finishes_and_keeps_idle_connections(tmp_pa
             time.sleep(timeout + 1)  # idle between requests is the keep-alive timeout's (75 s), not the deadline's
             assert ask_health(kept).startswith(b"HTTP/1.1 200")
     finally:
-        server.stop()
+        server.kill()

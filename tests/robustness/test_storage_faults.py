@@ -168,7 +168,7 @@ def full_disk_server(tmp: Path) -> Iterator[tuple[Server, Path]]:
             assert (tiny / "appliance.db-wal").exists()
             yield srv, tiny
         finally:
-            srv.stop()
+            srv.kill()
     finally:
         subprocess.run(["umount", "-l", str(tiny)], check=False)
 
