@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import secrets
 import signal
@@ -20,7 +21,8 @@ import httpx
 
 from appliance import vllm_process
 from appliance.settings import Settings
-from appliance.vllm_metrics import Scrape, scrape, stats_of
+from appliance.vllm_metrics import Scrape, device_memory, scrape, stats_of
+from appliance.vllm_stream import VllmStream
 from engine import (
     EngineDeadError,
     EngineError,
@@ -29,7 +31,6 @@ from engine import (
     ModelInfo,
     ModelLoadError,
     QueuePosition,
-    RequestOutput,
     SamplingParams,
     Tenant,
 )
@@ -39,6 +40,7 @@ log = logging.getLogger("appliance.vllm")
 
 READY_POLL_S = 0.5
 SCRAPE_S = 1.0  # the load the console and the router read, and the heartbeat the watchdog reads
+MEMORY_EVERY = 5  # scrapes: nvidia-smi takes tens of ms
 STOP_TIMEOUT_S = 30.0  # vLLM finishes its engine core's shutdown in a few seconds
 
 
@@ -61,6 +63,7 @@ class VllmEngineClient:
         self._launch: vllm_process.Launch | None = None
         self._scrape: Scrape | None = None
         self._weights_bytes = 0
+        self._memory = (0, 0)  # the device's (total, free) bytes, read every MEMORY_EVERY scrapes
         self._http: httpx.AsyncClient | None = None
         self._upstream: Upstream | None = None
         self._streams: dict[str, UpstreamStream] = {}
@@ -113,6 +116,9 @@ class VllmEngineClient:
         if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != str(model):
             self.tokenizer = await asyncio.to_thread(vllm_process.load_tokenizer, model)
         num_blocks, block_size, pool = self._scrape.blocks if self._scrape is not None else (0, 0, 0)
+        if not num_blocks:  # a vLLM without vllm:cache_config_info: the context is the bound the gateway checks
+            block_size = block_size or 16
+            num_blocks = -(-max_model_len // block_size)
         self._weights_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))
         return ModelInfo(
             name=served,
@@ -211,11 +217,14 @@ class VllmEngineClient:
     async def _scrape_loop(self) -> None:
         http, upstream = self._http, self._upstream
         assert http is not None and upstream is not None
-        while True:
+        device = self._launch.device if self._launch is not None else "cpu"
+        for tick in itertools.count():
             read = await scrape(http, upstream.base_url)
             if read is not None:
                 self._scrape = read
                 self.last_heartbeat = time.monotonic()
+            if tick % MEMORY_EVERY == 0:
+                self._memory = await asyncio.to_thread(device_memory, device)
             await asyncio.sleep(SCRAPE_S)
 
     def healthy(self, max_silence: float = 30.0) -> bool:
@@ -235,13 +244,14 @@ class VllmEngineClient:
         rid = request_id or secrets.token_hex(16)
         upstream, info = self._upstream, self.model_info
         if self.state != "ready" or upstream is None or info is None:
-            return VllmStream(self, rid, None, EngineDeadError(f"the engine is not ready (state: {self.state})"))
+            dead = EngineDeadError(f"the engine is not ready (state: {self.state})")
+            return VllmStream(self._streams, rid, None, dead)
         if rid in self._streams:
-            return VllmStream(self, rid, None, InvalidRequestError(f"request id {rid!r} is already in use"))
+            return VllmStream(self._streams, rid, None, InvalidRequestError(f"request id {rid!r} is already in use"))
         ids = list(self.tokenizer.encode(prompt, add_special_tokens=False)) if isinstance(prompt, str) else prompt
         stream = upstream.generate(info.name, ids, params, rid, arrival_time)
         self._streams[rid] = stream
-        return VllmStream(self, rid, stream, None)
+        return VllmStream(self._streams, rid, stream, None)
 
     def queue_position(self, request_id: str) -> QueuePosition | None:
         return None  # vLLM does not say where a waiting request stands
@@ -254,48 +264,4 @@ class VllmEngineClient:
     def stats(self) -> EngineStats | None:
         if self.state != "ready" or self._launch is None or self.model_info is None:
             return None
-        return stats_of(self._scrape, self._launch, self.model_info, self._weights_bytes)
-
-
-class VllmStream:
-    """One request's deltas from the server; closing it before the final delta closes the connection, which
-    is how vLLM is told to abort."""
-
-    __slots__ = ("_client", "_error", "_inner", "request_id")
-
-    def __init__(
-        self, client: VllmEngineClient, request_id: str, inner: UpstreamStream | None, error: Exception | None
-    ) -> None:
-        self._client = client
-        self.request_id = request_id
-        self._inner = inner
-        self._error = error
-
-    def __aiter__(self) -> VllmStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._inner is None:
-            error, self._error = self._error, None
-            if error is None:
-                raise StopAsyncIteration
-            raise error
-        try:
-            out = await self._inner.__anext__()
-        except (EngineError, StopAsyncIteration):
-            self._release()
-            raise
-        if out.finished:
-            self._release()
-        return out
-
-    async def aclose(self) -> None:
-        inner = self._release()
-        if inner is not None:
-            await inner.aclose()
-
-    def _release(self) -> UpstreamStream | None:
-        inner, self._inner = self._inner, None
-        if inner is not None and self._client._streams.get(self.request_id) is inner:
-            del self._client._streams[self.request_id]
-        return inner
+        return stats_of(self._scrape, self._launch, self.model_info, self._weights_bytes, self._memory)

