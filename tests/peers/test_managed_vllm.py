@@ -146,6 +146,7 @@ def streamed_chat(client: openai.OpenAI) -> tuple[str, openai.types.CompletionUs
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), usage
 
 
+@pytest.mark.slow
 def test_served_by_vllm_end_to_end_then_killed_restarted_and_drained(server: Server) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.new_key(), max_retries=0, timeout=120)
     assert [m.id for m in client.models.list()] == [SERVED]

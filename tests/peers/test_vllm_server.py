@@ -5,12 +5,14 @@ gateway's upstream client with vLLM's own usage."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from engine import SamplingParams
 from tests.peers.vllm import MAX_MODEL_LEN, VllmServer
 from web.backends.upstream import Upstream
 
 
+@pytest.mark.slow
 async def test_the_session_server_serves_token_ids_with_its_key(vllm_server: VllmServer) -> None:
     async with httpx.AsyncClient() as http:
         refused = await http.get(f"{vllm_server.base_url}/v1/models", headers={"Authorization": "Bearer sk-wrong"})
