@@ -155,11 +155,15 @@ class UpstreamStream:
         await self._stop()
 
     async def _stop(self) -> None:
+        """Cancel the reader, which closes the connection on its way out. Waited for with asyncio.wait, not
+        `await task`: a caller cancelled meanwhile (a client disconnect cancels the handler's scope at every
+        await) would pass its cancellation on to the reader and cut the close short, leaving the upstream
+        request running."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
 
     async def _read(self) -> None:
         try:
