@@ -162,8 +162,9 @@ class VllmEngineClient:
                 task.cancel()
         if process is not None:
             await vllm_process.stop(process, timeout)
-        # A grandchild that left the process group could hold the pipe open: its lines are not waited for.
-        await asyncio.wait(tasks, timeout=5.0)
+        if tasks:  # none when the start failed before vLLM ran (the model's conversion)
+            # A grandchild that left the process group could hold the pipe open: its lines are not waited for.
+            await asyncio.wait(tasks, timeout=5.0)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
