@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from appliance.doctor_backends import backends_finding
 from appliance.doctor_host import FAIL, INFO, OK, WARN, Finding, HostChecks
 from appliance.doctor_vllm import vllm_finding
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
@@ -47,6 +48,7 @@ class Doctor(HostChecks):
             self.check_port,
             self.check_disk,
             self.check_assets,
+            self.check_backends,
         ]
         if self.settings.engine == "vllm":
             checks.insert(checks.index(self.check_model) + 1, self.check_vllm)
@@ -59,6 +61,9 @@ class Doctor(HostChecks):
 
     def check_vllm(self) -> Finding:
         return vllm_finding(self.settings)
+
+    def check_backends(self) -> Finding:
+        return backends_finding(self.settings)
 
     # -- GPU --------------------------------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ def test_backend_entries() -> None:
     assert first.served_name("qwen2.5:7b") == "qwen" and first.served_name("other") == "other"
     assert first.tokenizer == "/srv/tok"
     assert "s3cret" not in repr(first) and "s3cret" not in repr(parsed)
-    assert (second.name, second.api_key) == ("h:443", None)
+    assert (second.name, second.api_key, second.text_prompt) == ("h:443", None, False)
+    assert parse_backends("http://h:11434/v1#prompt=text").remotes[0].text_prompt
     assert (
         not parse_backends("http://[::1]:9").embedded and parse_backends("http://[::1]:9").remotes[0].name == "[::1]:9"
     )

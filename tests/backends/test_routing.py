@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from appliance.doctor_backends import backends_finding
+from appliance.settings import load_settings
 from tests.web.conftest import ADMIN, METRICS_TOKEN, sign_in
 from tests.web.server import SHARED_MODEL_CACHE, Server, free_port, serving, start_server
 
@@ -33,6 +35,7 @@ class Fleet:
     backends: dict[str, Server]  # by the name history rows give them (host:port)
     upstream_keys: dict[str, str]
     key: str  # the gateway's API key
+    entries: str  # its APPLIANCE_BACKENDS
 
 
 def backend_name(server: Server) -> str:
@@ -44,9 +47,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
     with serving(root / "a") as a, serving(root / "b") as b:
         keys = {backend_name(s): s.new_key("gateway") for s in (a, b)}
-        entries = [f"http://:{keys[backend_name(s)]}@{backend_name(s)}#tokenizer={TOKENIZER}" for s in (a, b)]
+        # b takes its prompts as text, as a server that takes no token ids does (Ollama's /v1).
+        options = {backend_name(a): "", backend_name(b): "&prompt=text"}
+        entries = [f"http://:{keys[n]}@{n}#tokenizer={TOKENIZER}{options[n]}" for n in map(backend_name, (a, b))]
         with serving(root / "gateway", backends=",".join(entries)) as gateway:
-            fleet = Fleet(gateway, {backend_name(a): a, backend_name(b): b}, keys, gateway.new_key("clients"))
+            servers = {backend_name(a): a, backend_name(b): b}
+            fleet = Fleet(gateway, servers, keys, gateway.new_key("clients"), ",".join(entries))
             wait_for(lambda: all(s["state"] == "up" and s["models"] for s in statuses(fleet)), "both backends up")
             yield fleet
 
@@ -160,6 +166,16 @@ def test_upstream_keys_appear_in_no_log_page_or_api(fleet: Fleet) -> None:
     for text in [gateway.log(), *seen]:
         assert not any(key in text for key in fleet.upstream_keys.values())
     assert all(s["url"] == f"http://{s['name']}" for s in statuses(fleet))
+
+
+def test_doctor_reports_each_backend_without_its_key(fleet: Fleet, tmp_path: Path) -> None:
+    found = backends_finding(load_settings({"APPLIANCE_DATA_DIR": str(tmp_path), "APPLIANCE_BACKENDS": fleet.entries}))
+    assert found.level == "ok", found
+    assert all(f"{name} serves {MODEL}" in found.message for name in fleet.backends)
+    assert not any(key in found.message for key in fleet.upstream_keys.values())
+    dead = f"embedded,http://127.0.0.1:{free_port()}"
+    down = backends_finding(load_settings({"APPLIANCE_DATA_DIR": str(tmp_path), "APPLIANCE_BACKENDS": dead}))
+    assert down.level == "warn" and "none of 1 is up (this box serves alone)" in down.message
 
 
 def test_a_backend_killed_under_load_fails_over_and_nothing_is_lost(fleet: Fleet) -> None:

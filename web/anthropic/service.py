@@ -23,7 +23,8 @@ from web.anthropic.schemas import (
 from web.errors import InvalidRequest, UnsupportedParameter
 from web.generation.policy import Prepared
 from web.keys.service import KeyInfo
-from web.openai.service import BodyDecoder, Prompts, forced_tool_guided
+from web.openai.decoding import BodyDecoder
+from web.openai.service import Prompts, forced_tool_guided
 from web.tools import AUTO, ToolChoice, ToolPlan, named_choice, tool_spec
 
 decode_messages = BodyDecoder(MessagesRequest)

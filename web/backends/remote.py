@@ -67,7 +67,10 @@ class RemoteBackend:
         tenant: Tenant | None,
     ) -> AsyncIterator[RequestOutput]:
         self.breaker.allow()
-        stream = self.upstream.generate(served.upstream_id, prompt_ids, params, request_id, arrival_time)
+        prompt: Sequence[int] | str = prompt_ids
+        if self.spec.text_prompt:  # the template is applied already: its special tokens stay in the text
+            prompt = served.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        stream = self.upstream.generate(served.upstream_id, prompt, params, request_id, arrival_time)
         self._streams[request_id] = stream
         return _Tracked(self, stream)
 

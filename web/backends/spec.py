@@ -5,9 +5,10 @@ servers, and the token `embedded` for the box's own engine (an empty list: the e
     http://:KEY@10.0.0.6:8000                     one that wants an API key: the URL's password (never logged)
     http://10.0.0.7:8080#alias=qwen2.5:7b=qwen    its model `qwen2.5:7b` served here as `qwen`
     http://10.0.0.8:8000#tokenizer=/srv/models/m  the tokenizer the gateway uses for its models (a local dir)
+    http://10.0.0.9:11434/v1#prompt=text          a server that takes no token ids (Ollama): the prompt as text
 
-The fragment (after #) is the gateway's, never sent upstream: `alias=UPSTREAM=SERVED` (repeatable) and
-`tokenizer=DIR`. A model whose name is the embedded engine's uses the embedded engine's tokenizer."""
+The fragment (after #) is the gateway's, never sent upstream: `alias=UPSTREAM=SERVED` (repeatable),
+`tokenizer=DIR` and `prompt=text`. A model whose name is the embedded engine's uses the embedded engine's tokenizer."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class BackendSpec:
     api_key: str | None = field(default=None, repr=False)
     aliases: tuple[tuple[str, str], ...] = ()  # (upstream model id, served name)
     tokenizer: str | None = None
+    text_prompt: bool = False  # send the templated prompt as text, not token ids
 
     def served_name(self, upstream_id: str) -> str:
         return dict(self.aliases).get(upstream_id, upstream_id)
@@ -73,14 +75,15 @@ def parse_remote(entry: str) -> BackendSpec:
     path = url.path.rstrip("/")
     if path.endswith("/v1"):  # Ollama's and others' documented base URL ends in /v1; the gateway adds it itself
         path = path[: -len("/v1")]
-    aliases, tokenizer = _fragment(url.fragment, name)
+    aliases, tokenizer, text = _fragment(url.fragment, name)
     key = unquote(url.password) if url.password else None
-    return BackendSpec(name, f"{url.scheme}://{name}{quote(path)}", key or None, aliases, tokenizer)
+    return BackendSpec(name, f"{url.scheme}://{name}{quote(path)}", key or None, aliases, tokenizer, text)
 
 
-def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], str | None, bool]:
     aliases: list[tuple[str, str]] = []
     tokenizer = None
+    text = False
     for key, value in parse_qsl(fragment, keep_blank_values=True):
         if key == "alias":
             upstream, sep, served = value.rpartition("=")
@@ -89,9 +92,13 @@ def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], st
             aliases.append((upstream, served))
         elif key == "tokenizer" and value:
             tokenizer = value
+        elif key == "prompt" and value in ("text", "ids"):
+            text = value == "text"
         else:
-            raise BackendSpecError(f"backend {name}: unknown option {key!r} after # (alias=..., tokenizer=...)")
-    return tuple(aliases), tokenizer
+            raise BackendSpecError(
+                f"backend {name}: unknown option {key!r} after # (alias=..., tokenizer=..., prompt=text)"
+            )
+    return tuple(aliases), tokenizer, text
 
 
 def redacted(entry: str) -> str:

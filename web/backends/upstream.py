@@ -61,12 +61,12 @@ class Upstream:
     def generate(
         self,
         model: str,
-        prompt_ids: Sequence[int],
+        prompt: Sequence[int] | str,
         params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
     ) -> UpstreamStream:
-        body = completion_body(model, prompt_ids, params, request_id)
+        body = completion_body(model, prompt, params, request_id)
         return UpstreamStream(self, body, request_id, arrival_time or time.monotonic())
 
     def _open(self, body: dict[str, Any]) -> Any:
@@ -235,12 +235,12 @@ class UpstreamStream:
         return RequestOutput(self.request_id, [], "", True, reason, usage=usage, timings=timings)
 
 
-def completion_body(model: str, prompt_ids: Sequence[int], params: SamplingParams, request_id: str) -> dict[str, Any]:
+def completion_body(model: str, prompt: Sequence[int] | str, params: SamplingParams, request_id: str) -> dict[str, Any]:
     """The request in OpenAI's completion fields plus vLLM's extras (SGLang and llama.cpp read most of them; an
-    appliance ignores the ones it does not know)."""
+    appliance ignores the ones it does not know). The prompt: token ids, or text for servers that take no ids."""
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(prompt_ids),
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,

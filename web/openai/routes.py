@@ -21,8 +21,8 @@ from web.generation.run import Generation, Generations
 from web.history.record import RequestLog
 from web.keys.service import KeyInfo
 from web.ledger import Ledger
+from web.openai import decoding, service
 from web.openai import formatting as fmt
-from web.openai import service
 from web.openai.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from web.openai.streaming import (
     CLIENT_CLOSED,
@@ -120,8 +120,8 @@ def _completion_body(log: RequestLog, done: Collected, generation: Generation, f
     return fmt.completion(log.id, created_now(), log.model, choices, usage_of(generation), fingerprint)
 
 
-CHAT = Endpoint("chat.completions", "chatcmpl-", service.decode_chat, ChatFrames, _chat_body)
-COMPLETIONS = Endpoint("completions", "cmpl-", service.decode_completion, CompletionFrames, _completion_body)
+CHAT = Endpoint("chat.completions", "chatcmpl-", decoding.decode_chat, ChatFrames, _chat_body)
+COMPLETIONS = Endpoint("completions", "cmpl-", decoding.decode_completion, CompletionFrames, _completion_body)
 
 
 @post("/chat/completions", status_code=200)

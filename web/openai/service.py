@@ -1,17 +1,15 @@
-"""OpenAI request bodies into engine terms: decode and validate, apply the chat template or read the prompt,
-collect the sampling fields and apply the key's policy, giving one Prepared value. Every refusal is an
-InvalidRequest naming the offending parameter."""
+"""OpenAI request bodies (decoded by web/openai/decoding.py) into engine terms for the model they name: apply its
+chat template or read the prompt, collect the sampling fields and apply the key's policy, giving one Prepared
+value. Every refusal is an InvalidRequest naming the offending parameter."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
-import msgspec.inspect as mi
 
 from engine import GuidedDecoding, SamplingParams, validate_guided
 from web.backends.protocol import Served
@@ -23,7 +21,6 @@ from web.errors import (
     ModelNotFound,
     ServiceUnavailable,
     UnsupportedParameter,
-    undecodable_body,
 )
 from web.generation.policy import Prepared, effective_max_tokens
 from web.keys.service import KeyInfo
@@ -50,65 +47,6 @@ THREAD_CHARS = 16_384  # tokenizing more text than this moves off the event loop
 # spaces, or of "#"), and a prompt of spaces tokenizes at 64 characters a token.
 MAX_CHARS_PER_TOKEN = 128
 SHOWN_CHARS = 64
-_PATH = re.compile(r"at `\$\.?(.*)`$")
-_INDEX = re.compile(r"\[\d+\]")
-
-
-def field_marks(t: mi.Type, key: str, path: str = "") -> dict[str, Any]:
-    """The dotted paths (no list indexes) of the fields whose Meta(extra=...) has `key`, with its value."""
-    if isinstance(t, mi.Metadata):
-        extra = t.extra or {}
-        return ({path: extra[key]} if key in extra else {}) | field_marks(t.type, key, path)
-    if isinstance(t, mi.UnionType):
-        return {k: v for u in t.types for k, v in field_marks(u, key, path).items()}
-    if isinstance(t, mi.ListType):
-        return field_marks(t.item_type, key, path)
-    if isinstance(t, mi.StructType):
-        return {k: v for f in t.fields for k, v in field_marks(f.type, key, f"{path}.{f.name}".lstrip(".")).items()}
-    return {}
-
-
-class BodyDecoder(Generic[T]):
-    """One body type's decoder: msgspec enforces its declared limits; a value beyond what a field marked
-    UNSUPPORTED allows is unsupported_parameter, any other refusal invalid_request_error, both naming the field."""
-
-    def __init__(self, body_type: type[T]) -> None:
-        self._decoder = msgspec.json.Decoder(body_type)
-        info = mi.type_info(body_type)
-        self._unsupported = set(field_marks(info, "unsupported"))
-        self._reported_as: dict[str, str] = field_marks(info, "reported_as")
-
-    def __call__(self, body: bytes) -> T:
-        if not body.strip():
-            raise InvalidRequest("the request body is empty; send a JSON object")
-        try:
-            return self._decoder.decode(body)
-        except msgspec.ValidationError as exc:
-            text = str(exc)
-            match = _PATH.search(text)
-            param = match.group(1) if match and match.group(1) else None
-            unsupported = self._unsupported_field(param) if param is not None else None
-            if unsupported is not None:
-                message = f"{unsupported} is not supported by this server: {text}"
-                raise UnsupportedParameter(message, param=unsupported) from None
-            param = self._reported_as.get(param, param) if param is not None else None
-            raise InvalidRequest(f"invalid request body: {text}", param=param) from None
-        except msgspec.DecodeError as exc:
-            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-        except (RecursionError, UnicodeDecodeError) as exc:
-            raise undecodable_body(exc) from None
-
-    def _unsupported_field(self, param: str) -> str | None:
-        """The field marked UNSUPPORTED on the way to `param` (as the body spells it, indexes kept), if any."""
-        parts = param.split(".")
-        for n in range(1, len(parts) + 1):
-            if _INDEX.sub("", ".".join(parts[:n])) in self._unsupported:
-                return ".".join(parts[:n])
-        return None
-
-
-decode_chat = BodyDecoder(ChatCompletionRequest)
-decode_completion = BodyDecoder(CompletionRequest)
 
 
 def served_model(router: Router, model: str) -> Served:
