@@ -8,9 +8,12 @@ import os
 import signal
 
 import pytest
+import pytest_asyncio
 
 from engine import AsyncEngineClient, EngineConfig, EngineDeadError, QueueFullError, SamplingParams
 
+# One event loop for the module: the shared client below lives on it.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 CONFIG = EngineConfig(model="random:tiny", quantization="none", device="cpu", num_kv_blocks=256, max_queue=4)
 
 
@@ -22,8 +25,10 @@ async def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client() -> AsyncEngineClient:
+    """One engine for the tests that leave it serving (the one that kills it restarts it): each start spawns an
+    engine process, seconds of CI. The tests that watch a start or a crash's auto-restart make their own."""
     c = AsyncEngineClient(CONFIG, auto_restart=False)
     await c.start()
     yield c  # type: ignore[misc]
