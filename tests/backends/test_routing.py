@@ -166,6 +166,9 @@ def test_upstream_keys_appear_in_no_log_page_or_api(fleet: Fleet) -> None:
     for text in [gateway.log(), *seen]:
         assert not any(key in text for key in fleet.upstream_keys.values())
     assert all(s["url"] == f"http://{s['name']}" for s in statuses(fleet))
+    # With only remote backends, the chat page and /ready name the model they serve.
+    assert f'data-model="{MODEL}" data-max-model-len="2048"' in httpx.get(gateway.url + "/").text
+    assert httpx.get(gateway.url + "/ready").json() == {"status": "ready", "model": MODEL}
 
 
 def test_doctor_reports_each_backend_without_its_key(fleet: Fleet, tmp_path: Path) -> None:

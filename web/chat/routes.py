@@ -11,9 +11,12 @@ from web.console.render import PAGE_HEADERS
 
 
 @get("/", include_in_schema=False, sync_to_thread=False)
-def chat_page(gate: deps.Gate) -> Template:
-    info = gate.client.model_info
-    context = {"model": gate.model_name or "", "max_model_len": info.max_model_len if info else 0}
+def chat_page(gate: deps.Gate, router: deps.Router) -> Template:
+    """The page chats with the box's model, or (with remote backends only) the first model they serve."""
+    name = gate.model_name
+    served = router.served(name) if name else None
+    info = served.info if served is not None else gate.client.model_info
+    context = {"model": name or "", "max_model_len": info.max_model_len if info else 0}
     return Template(template_name="chat.html", context=context, headers={"Cache-Control": "no-cache"})
 
 

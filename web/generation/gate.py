@@ -31,10 +31,16 @@ class EngineGate:
 
     @property
     def model_name(self) -> str | None:
+        """The box's model as clients name it; where every backend is remote, the first model they serve."""
         if self.served_model_name:
             return self.served_model_name
         info = self.client.model_info
-        return info.name if info is not None else None
+        if info is not None:
+            return info.name
+        if self.router is not None and self.router.embedded is None:
+            names = self.router.model_names()
+            return names[0] if names else None
+        return None
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): the one place that decides whether requests are admitted."""
