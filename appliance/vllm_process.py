@@ -122,10 +122,24 @@ def eos_token_ids(model: Path, tokenizer: Any) -> list[int]:
     return list(dict.fromkeys(t for t in candidates if isinstance(t, int)))
 
 
+# Run by vLLM's python before it becomes the server (execv keeps the setting): the server is SIGKILLed when the
+# appliance dies, even by SIGKILL, and its engine core follows it (vLLM's children watch their parent). Under
+# systemd the unit's cgroup does the same; this covers a terminal, `make run` and the tests.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the appliance exited before vLLM started')\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
+
+
 async def spawn(launch: Launch) -> asyncio.subprocess.Process:
-    """In its own process group, so that stopping it also stops the engine-core process vLLM forks."""
+    """In its own process group, so that stopping it also stops the engine-core process vLLM forks; dying with
+    the appliance (_DIE_WITH_PARENT)."""
+    python, *args = launch.command
     return await asyncio.create_subprocess_exec(
-        *launch.command,
+        *(python, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args),
         env=launch.env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
