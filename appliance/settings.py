@@ -129,6 +129,11 @@ class Settings:
         "this box's own engine. Empty: the box's engine alone.",
         secret=True,
     )
+    backend_max_in_flight: int = setting(
+        64,
+        "Requests this gateway keeps in flight on each remote backend (an entry's #max_in_flight=N says otherwise); "
+        "the rest wait in its fair queue, so the backend's own first-come queue never decides who waits.",
+    )
     sticky_backends: bool = setting(
         False, "Keep a conversation on one backend (its prefix cache) unless that one is much busier."
     )
@@ -262,6 +267,7 @@ def _parse(variable: str, raw: str, hint: Any) -> Any:
 def _check(s: Settings) -> None:
     positive = ("port", "max_num_seqs", "max_num_batched_tokens", "max_queue", "kv_cache_bytes")
     limits = ("max_body_bytes", "default_max_tokens", "history_retention_days", "keep_alive_timeout", "max_connections")
+    limits += ("backend_max_in_flight",)
     for name in (*positive, *limits):
         if getattr(s, name) < 1:
             raise SettingsError(f"{PREFIX}{name.upper()} must be at least 1, not {getattr(s, name)}")

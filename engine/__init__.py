@@ -16,10 +16,11 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
+from engine.fair import TenantBook
 from engine.guided import validate_guided
 from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
 from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
-from engine.tenant import Tenant
+from engine.tenant import DEFAULT_TENANT, Tenant
 
 if TYPE_CHECKING:
     from engine.llm import LLM, CompletionResult
@@ -36,6 +37,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "DEFAULT_TENANT",
     "LLM",
     "MAX_LOGPROBS",
     "AsyncEngineClient",
@@ -56,6 +58,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "Tenant",
+    "TenantBook",
     "TenantStats",
     "Timings",
     "Usage",

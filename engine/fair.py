@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from engine.messages import TenantStats
 from engine.request import Request
@@ -26,6 +27,13 @@ RATE_WINDOW = 60.0  # seconds: the time constant of each tenant's token rate ("t
 ADMISSION_WINDOW = 10.0  # seconds: the time constant of the admission rate that ETAs are computed from
 BANDS = {"interactive": 0, "batch": 1}
 _EPS = 1e-9
+
+
+class Tenanted(Protocol):
+    """What the ledger needs of a request: whose it is (the engine's Request, or a gateway's queued request)."""
+
+    @property
+    def tenant(self) -> Tenant: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -45,7 +53,8 @@ class TenantState:
 
 
 class TenantBook:
-    """The per-tenant ledger. The scheduler reports every arrival, admission, token, preemption and exit."""
+    """The per-tenant ledger. The scheduler reports every arrival, admission, token, preemption and exit (and so
+    does the gateway's queue in front of remote backends, web/backends/seats.py, with the same policy)."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, TenantState] = {}
@@ -56,12 +65,12 @@ class TenantBook:
         self._last_left = 0.0  # counter of the last tenant to go idle: the floor when no tenant is active
         self._active_weight = [0.0, 0.0]  # per band, the summed weight of active tenants
 
-    def of(self, req: Request) -> TenantState:
+    def of(self, req: Tenanted) -> TenantState:
         return self.tenants[req.tenant.id]
 
     # -- events --------------------------------------------------------------------------------------------
 
-    def arrive(self, req: Request) -> None:
+    def arrive(self, req: Tenanted) -> None:
         tenant = req.tenant
         st = self.tenants.get(tenant.id)
         if st is None:
@@ -76,7 +85,7 @@ class TenantBook:
             self._active_weight[st.band] += tenant.weight
         st.waiting += 1
 
-    def admitted(self, req: Request, prompt_tokens: int) -> None:
+    def admitted(self, req: Tenanted, prompt_tokens: int) -> None:
         """prompt_tokens: the prompt tokens this admission will compute that were never charged before."""
         st = self.tenants[req.tenant.id]
         st.waiting -= 1
@@ -85,17 +94,17 @@ class TenantBook:
         st.tokens_total += prompt_tokens
         self.admissions_total += 1
 
-    def generated(self, req: Request) -> None:
+    def generated(self, req: Tenanted) -> None:
         st = self.tenants[req.tenant.id]
         st.counter += W_OUT / st.tenant.weight
         st.tokens_total += 1
 
-    def preempted(self, req: Request) -> None:
+    def preempted(self, req: Tenanted) -> None:
         st = self.tenants[req.tenant.id]
         st.running -= 1
         st.waiting += 1
 
-    def left(self, req: Request, was_running: bool) -> None:
+    def left(self, req: Tenanted, was_running: bool) -> None:
         st = self.tenants[req.tenant.id]
         if was_running:
             st.running -= 1

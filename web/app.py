@@ -153,7 +153,8 @@ def build_router(config: WebConfig, client: EngineClient, local_name: Callable[[
     if not config.backends.remotes:
         return Router(backends)
     remotes, http = remote_backends(config.backends.remotes, Tokenizers(client, local_name))
-    return Router(backends + remotes, config.sticky_backends, http)
+    seats = {s.name: s.max_in_flight or config.backend_max_in_flight for s in config.backends.remotes}
+    return Router(backends + remotes, config.sticky_backends, http, seats=seats)
 
 
 def create_app(config: WebConfig, client: EngineClient) -> Litestar:

@@ -25,5 +25,6 @@ class WebConfig:
     gateway_id: str | None = None
     # The engines requests go to (web/backends/spec.py): the local engine alone unless APPLIANCE_BACKENDS says more.
     backends: Backends = LOCAL_ONLY
+    backend_max_in_flight: int = 64  # per remote backend, unless its entry says #max_in_flight=N
     sticky_backends: bool = False  # a conversation stays on one backend (its prefix cache) unless that one is busy
     local_backend_name: str = "embedded"  # history rows' name for the local engine ("vllm": the managed vLLM)

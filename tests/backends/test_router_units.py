@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -195,7 +196,7 @@ def test_equal_loads_spread_and_exports_nothing_falls_back_to_in_flight() -> Non
     router = Router([a, b], rng=random.Random(2))
     counts = picks(router)
     assert min(counts.values()) > 150
-    router._opened(a)  # the gateway has a request open on a: b is less loaded now
+    router.seats.taken["a"] += 1  # the gateway has a request open on a: b is less loaded now
     assert set(picks(router, 50)) == {"b"}
 
 
@@ -230,7 +231,7 @@ def test_a_failure_before_the_first_delta_is_retried_once_elsewhere(error: Excep
     outs, name = asyncio.run(collect(router))
     assert [o.text for o in outs] == ["a", "b"] and name == "good"
     assert broken.started == ["r"] and good.started == ["r"]
-    assert router._in_flight == {"broken": 0, "good": 0}
+    assert not any(router.seats.taken.values())
     # Both failing: the second failure is the client's.
     good.fail = EngineDeadError("also gone")
     with pytest.raises(EngineDeadError, match="gone"):
@@ -255,3 +256,69 @@ def test_no_backend_up_for_the_model() -> None:
     with pytest.raises(EngineDeadError, match="no backend serving 'm' is up"):
         asyncio.run(collect(router))
     assert router.model_names() == [] and not router.known("m")
+
+
+class HeldBackend(FakeBackend):
+    """Its streams give one token, then hold their seat until the test releases them."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, Load(0, 0, 0.0))
+        self.release = asyncio.Event()
+
+    async def _stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        yield RequestOutput(request_id, [1], "a")
+        await self.release.wait()
+        yield RequestOutput(request_id, [2], "b", finished=True, finish_reason="stop")
+
+
+def test_with_every_seat_taken_the_lightest_tenant_gets_the_next_one() -> None:
+    async def scenario() -> tuple[list[str], Any, Any]:
+        backend = HeldBackend("remote")
+        router = Router([backend], seats={"remote": 1})
+        heavy, light = Tenant("heavy"), Tenant("light")
+        order: list[str] = []
+
+        async def run(request_id: str, tenant: Tenant) -> None:
+            stream = router.generate("m", [1, 2, 3, 4], SamplingParams(max_tokens=2), request_id, tenant=tenant)
+            async for out in stream:
+                if out.token_ids == [1]:
+                    order.append(request_id)
+
+        first = asyncio.ensure_future(run("heavy-0", heavy))
+        await asyncio.sleep(0.01)
+        queued = [asyncio.ensure_future(run(f"heavy-{i}", heavy)) for i in range(1, 4)]
+        await asyncio.sleep(0.01)
+        late = asyncio.ensure_future(run("light-0", light))
+        await asyncio.sleep(0.01)
+        positions = (router.queue_position("heavy-1"), router.queue_position("light-0"))
+        assert backend.started == ["heavy-0"]  # one seat: the rest wait in the gateway
+        backend.release.set()
+        await asyncio.gather(first, *queued, late)
+        return order, positions, router.seats.taken["remote"]
+
+    order, (heavy_1, light_0), taken = asyncio.run(scenario())
+    # The light tenant arrives last, lifted to the heavy one's counter (idleness banks no credit), so it is
+    # projected last among equals; but the heavy tenant is charged heavy-0's last token before the seat frees,
+    # and the light one gets it (first come, first served would have put it last).
+    assert heavy_1 is not None and heavy_1.position == 1 and light_0 is not None and light_0.position == 4
+    assert order == ["heavy-0", "light-0", "heavy-1", "heavy-2", "heavy-3"] and taken == 0
+
+
+def test_a_request_aborted_while_it_waits_for_a_seat_ends_as_aborted() -> None:
+    async def scenario() -> list[RequestOutput]:
+        backend = HeldBackend("remote")
+        router = Router([backend], seats={"remote": 1})
+        holder = router.generate("m", [1], SamplingParams(max_tokens=2), "holder")
+        await anext(holder)
+        waiting = router.generate("m", [1], SamplingParams(max_tokens=2), "waiting")
+        pending = asyncio.ensure_future(anext(waiting))
+        await asyncio.sleep(0.01)
+        await router.abort("waiting")
+        outs = [await pending]
+        backend.release.set()
+        outs += [out async for out in holder]
+        assert backend.started == ["holder"] and router.queue_position("waiting") is None
+        return outs
+
+    first, *rest = asyncio.run(scenario())
+    assert first.finished and first.finish_reason == "abort" and rest[-1].finish_reason == "stop"

@@ -1,27 +1,29 @@
-"""Which backend serves a request: among the backends up that serve its model, the less loaded of two picked at
-random (load = waiting + running from the backend's metrics, never less than this gateway's own requests in
-flight there), skipping any above KV_FULL of KV use while another is below; optionally a conversation sticks to
-one backend (its prefix cache) while that one is not much busier than the least busy. A request that fails
-before its first delta (the backend is gone, or overloaded) is retried once on another backend."""
+"""Which backend serves a request: among the backends up that serve its model and have a free seat, the less
+loaded of two picked at random (load = waiting + running from the backend's metrics, never less than this
+gateway's own requests in flight there), skipping any above KV_FULL of KV use while another is below; optionally
+a conversation sticks to one backend (its prefix cache) while that one is not much busier than the least busy.
+With every seat taken the request waits in the gateway's fair queue (web/backends/seats.py). A request that
+fails before its first delta (the backend is gone, or overloaded) is retried once on another backend
+(web/backends/routed.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import random
 import statistics
-import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 
-from engine import EngineDeadError, QueueFullError, QueuePosition, RequestOutput, SamplingParams, Tenant
+from engine import EngineDeadError, QueuePosition, SamplingParams, Tenant
 from web.backends.embedded import EmbeddedBackend
 from web.backends.protocol import Backend, Served
 from web.backends.remote import RemoteBackend, TokenizerFor
+from web.backends.routed import RoutedStream
+from web.backends.seats import Seats
 from web.backends.spec import BackendSpec
 from web.backends.status import BackendStatus
 
@@ -31,7 +33,6 @@ KV_FULL = 0.9
 PROBE_EVERY_S = 1.0
 STICKY_TOKENS = 256  # the prompt's head that names a conversation (its system prompt and first turn)
 STICKY_SLACK = 2  # how many requests busier than the least busy backend a sticky one may be
-RETRIES = 1
 TTFT_WINDOW = 64  # recent requests whose time to first token the console shows, per backend
 
 
@@ -42,12 +43,15 @@ class Router:
         sticky: bool = False,
         http: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        seats: Mapping[str, int | None] | None = None,
     ) -> None:
+        """`seats`: per backend name, how many requests it may have in flight from this gateway (absent or None:
+        no limit; the embedded engine queues fairly itself)."""
         self.backends = list(backends)
         self._http = http  # the remote backends' connections, closed with the router
         self.sticky = sticky
         self._rng = rng or random.Random()
-        self._in_flight: dict[str, int] = {b.name: 0 for b in self.backends}
+        self.seats = Seats(seats or {})
         self._requests: Counter[str] = Counter()  # routed to each since the start
         self._ttfts: dict[str, deque[float]] = {b.name: deque(maxlen=TTFT_WINDOW) for b in self.backends}
         self._known: set[str] = set()  # every model name a backend has served: 503 rather than 404 while down
@@ -101,10 +105,12 @@ class Router:
     ) -> RoutedStream:
         stream = RoutedStream(self, model, prompt_ids, params, request_id, arrival_time, tenant)
         self._streams[request_id] = stream
+        self.seats.arrive(stream.entry)
         return stream
 
     def pick(self, model: str, prompt_ids: Sequence[int], exclude: frozenset[str] = frozenset()) -> Backend | None:
-        candidates = [b for b in self.backends if b.name not in exclude and model in b.models()]
+        """A backend up that serves `model` and has a free seat, or None."""
+        candidates = [b for b in self._serving(model, exclude) if self.seats.free(b.name)]
         if not candidates:
             return None
         roomy = [b for b in candidates if (self._kv(b) or 0.0) <= KV_FULL]
@@ -121,35 +127,82 @@ class Router:
             return self._rng.choice((a, b))
         return a if load_a < load_b else b
 
+    def _serving(self, model: str, exclude: frozenset[str]) -> list[Backend]:
+        return [b for b in self.backends if b.name not in exclude and model in b.models()]
+
+    def serving(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
+        """Whether a backend up (other than those in exclude) serves the model, seats free or not."""
+        return bool(self._serving(model, exclude))
+
+    async def seat(self, stream: RoutedStream, exclude: frozenset[str]) -> Backend:
+        """A backend for the stream now, or once a seat frees (the fair queue's order); EngineDeadError when no
+        backend up serves its model."""
+        if not self._serving(stream.model, exclude):
+            raise EngineDeadError(f"no backend serving {stream.model!r} is up")
+        backend = self.pick(stream.model, stream.prompt_ids, exclude)
+        if backend is not None:
+            self._seated(backend, stream)
+            return backend
+        waiter = self.seats.wait(stream.request_id, stream.entry, stream.model, stream.prompt_ids, exclude)
+        try:
+            backend = await waiter.granted
+        finally:
+            self.seats.withdraw(waiter)
+        self._requests[backend.name] += 1
+        return backend
+
+    def _seated(self, backend: Backend, stream: RoutedStream) -> None:
+        self.seats.take(backend.name, stream.entry, len(stream.prompt_ids))
+        self._requests[backend.name] += 1
+
+    def _dispatch(self) -> None:
+        """Free seats to the waiting requests, in the fair queue's order; those whose model no backend up serves
+        any more fail."""
+        for waiter in self.seats.order():
+            if waiter.granted.done():
+                continue
+            backend = self.pick(waiter.model, waiter.prompt_ids, waiter.exclude)
+            if backend is not None:
+                self.seats.grant(waiter, backend)
+            elif not self._serving(waiter.model, waiter.exclude):
+                self.seats.fail(waiter, f"no backend serving {waiter.model!r} is up")
+
     def _load(self, backend: Backend) -> int:
         load = backend.load()
-        own = self._in_flight.get(backend.name, 0)
+        own = self.seats.taken[backend.name]
         return own if load is None else max(load.requests, own)
 
     def _kv(self, backend: Backend) -> float | None:
         load = backend.load()
         return None if load is None else load.kv_usage
 
-    def _opened(self, backend: Backend) -> None:
-        self._in_flight[backend.name] = self._in_flight.get(backend.name, 0) + 1
-        self._requests[backend.name] += 1
+    def released(self, stream: RoutedStream, backend: Backend) -> None:
+        self.seats.give_back(backend.name)
+        self._dispatch()
 
-    def _first_token(self, backend: Backend, seconds: float) -> None:
+    def first_token(self, backend: Backend, seconds: float) -> None:
         self._ttfts.setdefault(backend.name, deque(maxlen=TTFT_WINDOW)).append(seconds)
 
-    def _closed(self, backend: Backend) -> None:
-        self._in_flight[backend.name] = max(self._in_flight.get(backend.name, 0) - 1, 0)
+    def generated(self, stream: RoutedStream, tokens: int) -> None:
+        self.seats.generated(stream.entry, tokens)
 
-    def _forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+    def ended(self, stream: RoutedStream) -> None:
+        self._streams.pop(stream.request_id, None)
+        self.seats.left(stream.entry)
 
     async def abort(self, request_id: str) -> None:
+        if self.seats.abort(request_id):
+            return
         stream = self._streams.get(request_id)
         if stream is not None and stream.backend is not None:
             await stream.backend.abort(request_id)
 
     def queue_position(self, request_id: str) -> QueuePosition | None:
-        """Where a request waits in the embedded engine's queue (a remote one's queue is its own)."""
+        """Where a request waits: for a seat in the gateway's queue, or in the embedded engine's (a remote server's
+        own queue is its own)."""
+        position = self.seats.position(request_id)
+        if position is not None:
+            return QueuePosition(position, None)
         stream = self._streams.get(request_id)
         if stream is None or not isinstance(stream.backend, EmbeddedBackend):
             return None
@@ -158,6 +211,7 @@ class Router:
     async def probe(self) -> None:
         await asyncio.gather(*(b.probe() for b in self.backends))
         self.model_names()
+        self._dispatch()  # a backend that came back takes waiting requests; one that went may fail them
 
     async def monitor(self) -> None:
         """Probe every backend about once a second, for as long as the gateway runs."""
@@ -188,7 +242,7 @@ class Router:
                     running=None if load is None else load.running,
                     waiting=None if load is None else load.waiting,
                     kv_usage=None if load is None else load.kv_usage,
-                    in_flight=self._in_flight.get(b.name, 0),
+                    in_flight=self.seats.taken[b.name],
                     ttft_p50_s=statistics.median(ttfts) if ttfts else None,
                     errors=remote.breaker.failures if remote is not None else 0,
                     requests=self._requests[b.name],
@@ -202,116 +256,6 @@ def _affinity(prompt_ids: Sequence[int], name: str) -> bytes:
     """Rendezvous hashing: each conversation ranks the backends its own way; the top one is its home."""
     head = ",".join(map(str, prompt_ids[:STICKY_TOKENS]))
     return hashlib.blake2b(f"{name}|{head}".encode(), digest_size=8).digest()
-
-
-class RoutedStream:
-    """One request's deltas from the backend the router picked (`backend`, None before the first delta is
-    asked for); a failure before the first delta moves it once to another backend."""
-
-    def __init__(
-        self,
-        router: Router,
-        model: str,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        request_id: str,
-        arrival_time: float | None,
-        tenant: Tenant | None,
-    ) -> None:
-        self._router = router
-        self._args = (model, prompt_ids, params, request_id, arrival_time, tenant)
-        self.backend: Backend | None = None
-        self._stream: AsyncIterator[RequestOutput] | None = None
-        self._started = False
-        self._closed = False  # forgotten by the router
-        self._opened_at: float | None = None  # until its first token
-
-    @property
-    def backend_name(self) -> str | None:
-        return None if self.backend is None else self.backend.name
-
-    def __aiter__(self) -> RoutedStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._started:
-            return await self._next()
-        self._started = True
-        return await self._first()
-
-    async def _first(self) -> RequestOutput:
-        tried: set[str] = set()
-        while True:
-            backend = self._open(frozenset(tried))
-            tried.add(backend.name)
-            try:
-                return await self._next(retrying=True)
-            except (EngineDeadError, QueueFullError) as exc:
-                await self._release(close=False)
-                model, prompt_ids = self._args[0], self._args[1]
-                if len(tried) > RETRIES or self._router.pick(model, prompt_ids, frozenset(tried)) is None:
-                    self._end()
-                    raise
-                log.warning(
-                    "request %s: %s failed before any output, retried elsewhere: %s", self._args[3], backend.name, exc
-                )
-
-    def _open(self, exclude: frozenset[str]) -> Backend:
-        model, prompt_ids, params, request_id, arrival_time, tenant = self._args
-        backend = self._router.pick(model, prompt_ids, exclude)
-        if backend is None:
-            self._end()
-            raise EngineDeadError(f"no backend serving {model!r} is up")
-        served = backend.models()[model]
-        self.backend = backend
-        self._stream = backend.generate(served, prompt_ids, params, request_id, arrival_time, tenant)
-        self._router._opened(backend)
-        self._opened_at = time.monotonic()
-        return backend
-
-    async def _next(self, retrying: bool = False) -> RequestOutput:
-        """The current backend's next delta; the stream ends with its last one, or with a failure (which a
-        retry before the first delta handles instead)."""
-        if self._stream is None:
-            raise StopAsyncIteration
-        try:
-            out = await anext(self._stream)
-        except (EngineDeadError, QueueFullError):
-            if not retrying:
-                await self._release(close=False)
-                self._end()
-            raise
-        except BaseException:  # cancelled (the client went away), or anything else: the backend's request stops
-            await self.aclose()
-            raise
-        if self._opened_at is not None and out.token_ids and self.backend is not None:
-            self._router._first_token(self.backend, time.monotonic() - self._opened_at)
-            self._opened_at = None
-        if out.finished:
-            await self._release(close=False)
-            self._end()
-        return out
-
-    async def _release(self, close: bool = True) -> None:
-        stream, self._stream = self._stream, None
-        if stream is None:
-            return
-        if self.backend is not None:
-            self._router._closed(self.backend)
-        aclose = getattr(stream, "aclose", None)
-        if close and aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
-
-    def _end(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._router._forget(self._args[3])
-
-    async def aclose(self) -> None:
-        """Closing early aborts the request on its backend (a remote one sees its connection close)."""
-        await self._release()
-        self._end()
 
 
 def remote_backends(

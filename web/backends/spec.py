@@ -8,7 +8,8 @@ servers, and the token `embedded` for the box's own engine (an empty list: the e
     http://10.0.0.9:11434/v1#prompt=text          a server that takes no token ids (Ollama): the prompt as text
 
 The fragment (after #) is the gateway's, never sent upstream: `alias=UPSTREAM=SERVED` (repeatable),
-`tokenizer=DIR` and `prompt=text`. A model whose name is the embedded engine's uses the embedded engine's tokenizer."""
+`tokenizer=DIR`, `prompt=text` and `max_in_flight=N` (the requests this gateway keeps in flight there; the rest
+wait in its fair queue). A model whose name is the embedded engine's uses the embedded engine's tokenizer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 EMBEDDED = "embedded"
 MAX_BACKENDS = 64
+MAX_SEATS = 100_000
 
 
 class BackendSpecError(ValueError):
@@ -32,6 +34,7 @@ class BackendSpec:
     aliases: tuple[tuple[str, str], ...] = ()  # (upstream model id, served name)
     tokenizer: str | None = None
     text_prompt: bool = False  # send the templated prompt as text, not token ids
+    max_in_flight: int | None = None  # seats: requests this gateway keeps in flight there (None: the setting's)
 
     def served_name(self, upstream_id: str) -> str:
         return dict(self.aliases).get(upstream_id, upstream_id)
@@ -75,15 +78,16 @@ def parse_remote(entry: str) -> BackendSpec:
     path = url.path.rstrip("/")
     if path.endswith("/v1"):  # Ollama's and others' documented base URL ends in /v1; the gateway adds it itself
         path = path[: -len("/v1")]
-    aliases, tokenizer, text = _fragment(url.fragment, name)
+    options = _fragment(url.fragment, name)
     key = unquote(url.password) if url.password else None
-    return BackendSpec(name, f"{url.scheme}://{name}{quote(path)}", key or None, aliases, tokenizer, text)
+    return BackendSpec(name, f"{url.scheme}://{name}{quote(path)}", key or None, *options)
 
 
-def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], str | None, bool]:
+def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], str | None, bool, int | None]:
     aliases: list[tuple[str, str]] = []
     tokenizer = None
     text = False
+    seats = None
     for key, value in parse_qsl(fragment, keep_blank_values=True):
         if key == "alias":
             upstream, sep, served = value.rpartition("=")
@@ -94,11 +98,15 @@ def _fragment(fragment: str, name: str) -> tuple[tuple[tuple[str, str], ...], st
             tokenizer = value
         elif key == "prompt" and value in ("text", "ids"):
             text = value == "text"
+        elif key == "max_in_flight":
+            if not value.isdigit() or not 1 <= int(value) <= MAX_SEATS:
+                raise BackendSpecError(f"backend {name}: max_in_flight must be 1 to {MAX_SEATS}, not {value!r}")
+            seats = int(value)
         else:
             raise BackendSpecError(
-                f"backend {name}: unknown option {key!r} after # (alias=..., tokenizer=..., prompt=text)"
+                f"backend {name}: unknown option {key!r} after # (alias=, tokenizer=, prompt=text, max_in_flight=)"
             )
-    return tuple(aliases), tokenizer, text
+    return tuple(aliases), tokenizer, text, seats
 
 
 def redacted(entry: str) -> str:
