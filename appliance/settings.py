@@ -128,6 +128,7 @@ class Settings:
         "llama.cpp, another appliance; a key as the URL's password: http://:KEY@host:port), and `embedded` for "
         "this box's own engine. Empty: the box's engine alone.",
         secret=True,
+        default_doc="empty: this box's engine alone",
     )
     backend_max_in_flight: int = setting(
         64,
@@ -266,8 +267,8 @@ def _parse(variable: str, raw: str, hint: Any) -> Any:
 
 def _check(s: Settings) -> None:
     positive = ("port", "max_num_seqs", "max_num_batched_tokens", "max_queue", "kv_cache_bytes")
-    limits = ("max_body_bytes", "default_max_tokens", "history_retention_days", "keep_alive_timeout", "max_connections")
-    limits += ("backend_max_in_flight",)
+    limits: tuple[str, ...] = ("max_body_bytes", "default_max_tokens", "history_retention_days")
+    limits += ("keep_alive_timeout", "max_connections", "backend_max_in_flight")
     for name in (*positive, *limits):
         if getattr(s, name) < 1:
             raise SettingsError(f"{PREFIX}{name.upper()} must be at least 1, not {getattr(s, name)}")

@@ -66,6 +66,7 @@ def web_config(settings: Settings) -> WebConfig:
         sticky_backends=settings.sticky_backends,
         backend_max_in_flight=settings.backend_max_in_flight,
         local_backend_name="vllm" if settings.engine == "vllm" else "embedded",
+        local_max_in_flight=settings.max_num_seqs if settings.engine == "vllm" else None,
         # One SQLite file has one gateway, which takes every row it finds in flight; a shared database needs names.
         gateway_id=None if is_sqlite(settings.database) else settings.gateway_id or f"{gethostname()}:{settings.port}",
     )

@@ -148,12 +148,13 @@ def build_router(config: WebConfig, client: EngineClient, local_name: Callable[[
     """The local engine (unless the backends list leaves it out) and the remote backends. `local_name` is the
     gate's model name (a model switch renames it), read when asked."""
     backends: list[Backend] = []
+    seats: dict[str, int | None] = {config.local_backend_name: config.local_max_in_flight}
     if config.backends.embedded:
         backends.append(EmbeddedBackend(client, local_name, config.local_backend_name))
     if not config.backends.remotes:
-        return Router(backends)
+        return Router(backends, seats=seats)
     remotes, http = remote_backends(config.backends.remotes, Tokenizers(client, local_name))
-    seats = {s.name: s.max_in_flight or config.backend_max_in_flight for s in config.backends.remotes}
+    seats |= {s.name: s.max_in_flight or config.backend_max_in_flight for s in config.backends.remotes}
     return Router(backends + remotes, config.sticky_backends, http, seats=seats)
 
 

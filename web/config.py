@@ -28,3 +28,6 @@ class WebConfig:
     backend_max_in_flight: int = 64  # per remote backend, unless its entry says #max_in_flight=N
     sticky_backends: bool = False  # a conversation stays on one backend (its prefix cache) unless that one is busy
     local_backend_name: str = "embedded"  # history rows' name for the local engine ("vllm": the managed vLLM)
+    # Seats the gateway counts on the local engine (the managed vLLM's max_num_seqs: its own queue is first come,
+    # first served, so the rest wait in the gateway's fair queue); None for the embedded engine, which is fair.
+    local_max_in_flight: int | None = None

@@ -79,6 +79,7 @@ def test_load_from_each_servers_metrics() -> None:
     assert read_load("sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\nsglang:token_usage 0.9\n") == Load(4, 1, 0.9)
     assert read_load("llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n") == Load(0, 2, None)
     assert read_load('garbage{\nvllm:num_requests_running{a="}"} nan\nx 1\n') is None
+    assert read_load('vllm:num_requests_running{model_name="m" 3\nvllm:num_requests_waiting{} 2\n') == Load(2, 0, None)
     assert read_load("vllm:num_requests_running -3\nvllm:num_requests_waiting 1e400\n") is None
 
 

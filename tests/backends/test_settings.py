@@ -3,10 +3,13 @@ the web room's config built from it."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from appliance.settings import SettingsError, load_settings
 from appliance.wiring import engine_client, web_config
+from web.app import build_router
 from web.backends.none import NoLocalEngine
 
 
@@ -29,3 +32,13 @@ def test_backends_reach_the_web_config_and_a_remote_only_list_has_no_local_engin
     both = web_config(load_settings({**env, "APPLIANCE_BACKENDS": "embedded,http://10.0.0.5:8000"}))
     assert both.backends.embedded and both.local_backend_name == "embedded"
     assert not isinstance(engine_client(load_settings(env)), NoLocalEngine)
+
+
+def test_the_managed_vllm_gets_seats_its_max_num_seqs_and_the_rest_wait_fairly(tmp_path: object) -> None:
+    env = {"APPLIANCE_DATA_DIR": str(tmp_path), "APPLIANCE_ENGINE": "vllm", "APPLIANCE_VLLM_PYTHON": sys.executable}
+    config = web_config(load_settings({**env, "APPLIANCE_MAX_NUM_SEQS": "12"}))
+    assert (config.local_backend_name, config.local_max_in_flight) == ("vllm", 12)
+    router = build_router(config, NoLocalEngine(), lambda: "m")
+    assert router.seats.limits["vllm"] == 12
+    embedded = web_config(load_settings({"APPLIANCE_DATA_DIR": str(tmp_path)}))
+    assert build_router(embedded, NoLocalEngine(), lambda: "m").seats.limits["embedded"] is None

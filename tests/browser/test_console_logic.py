@@ -117,6 +117,9 @@ def test_chart_scale_is_round_and_gaps_break_the_line() -> None:
     assert path.count("M") == 2 and path.count("L") == 1
     assert chart.y_max_label == "5" and not chart.empty
     assert charts.line_chart("x", "X", [], [("a", "A", [])], 0, 1, str).empty
+    # A fixed top of 0 (a headroom chart while the device's memory is unknown) scales to the data instead.
+    zero = charts.line_chart("x", "X", [0, 1], [("a", "A", [0.0, 0.0])], 0, 1, str, fixed_top=0.0)
+    assert zero.y_max_label == "1.0" and not zero.empty
 
 
 def test_a_young_servers_charts_span_its_samples_not_the_empty_hour() -> None:

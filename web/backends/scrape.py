@@ -36,7 +36,10 @@ def read_load(text: str) -> Load | None:
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name not in _WANTED:
             continue
-        value = _value(line.rsplit("}", 1)[1] if "{" in line else line[len(name) :])
+        labels_end = line.rfind("}")
+        if "{" in line and labels_end < 0:  # labels never closed: a broken line
+            continue
+        value = _value(line[labels_end + 1 :] if "{" in line else line[len(name) :])
         if value is None:
             continue
         if name.endswith(("usage_perc", "token_usage", "usage_ratio")):

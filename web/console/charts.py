@@ -96,7 +96,7 @@ def line_chart(
     if times and times[0] > start:
         start = max(start, min(times[0], end - MIN_SPAN_S))
     present = [v for _, _, values in series for v in values if v is not None]
-    top = fixed_top if fixed_top is not None else nice_ceiling(max(present, default=0.0))
+    top = fixed_top if fixed_top else nice_ceiling(max(present, default=0.0))  # a 0 top (no memory known) too
     y_label = fmt(top)
     left = plot_left_for(y_label)
     lines = [Line(css, label, _path(times, values, start, end, top, left)) for css, label, values in series]
