@@ -54,7 +54,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             servers = {backend_name(a): a, backend_name(b): b}
             fleet = Fleet(gateway, servers, keys, gateway.new_key("clients"), ",".join(entries))
             wait_for(lambda: all(s["state"] == "up" and s["models"] for s in statuses(fleet)), "both backends up")
-            yield fleet
+            try:
+                yield fleet
+            finally:  # a backend the tests restarted is not the one serving() stops
+                for backend in fleet.backends.values():
+                    backend.stop()
 
 
 def statuses(fleet: Fleet) -> list[dict[str, Any]]:
