@@ -57,7 +57,7 @@ typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
 pytest: sysdeps-test setup vllm-env
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 test: lint typecheck pytest
 

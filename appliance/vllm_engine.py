@@ -137,6 +137,7 @@ class VllmEngineClient:
         """The served name's context length, once the server is up and lists it."""
         while True:
             if process.returncode is not None:
+                await self._log_read()
                 raise ModelLoadError(f"vLLM exited with code {process.returncode} while starting{self._tail()}")
             if await upstream.health() == "up":
                 with contextlib.suppress(httpx.HTTPError):
@@ -211,6 +212,12 @@ class VllmEngineClient:
 
     def _progress(self, step: str) -> None:
         self.load_step = step  # the GGUF conversion's progress (a worker thread; a str assignment is atomic)
+
+    async def _log_read(self, timeout: float = 2.0) -> None:
+        """Until the log pipe has given its last lines (it ends with the process; the exit can be seen first)."""
+        pipes = [t for t in self._tasks if t.get_name() == "vllm-log"]
+        if pipes:
+            await asyncio.wait(pipes, timeout=timeout)
 
     def _tail(self) -> str:
         return f"; its last line: {self._last_lines[-1][:300]}" if self._last_lines else ""

@@ -149,6 +149,13 @@ def test_requests_spread_over_the_backends_with_exact_usage(fleet: Fleet) -> Non
         assert sum(r["prompt_tokens"] for r in served) == sum(r["prompt_tokens"] for r in mine)
         assert sum(r["completion_tokens"] for r in served) == sum(r["completion_tokens"] for r in mine) == 8 * len(mine)
     assert history(fleet.gateway, backend=next(iter(fleet.backends)))  # the history filters by backend
+    # The gateway times each remote delta it relays (what it adds per token), per backend.
+    metrics = httpx.get(fleet.gateway.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
+    for name in fleet.backends:
+        line = next(
+            x for x in metrics.splitlines() if x.startswith(f'appliance_backend_relay_seconds_count{{backend="{name}"')
+        )
+        assert float(line.rsplit(" ", 1)[1]) >= 6 * spread[name]  # 7 deltas after each first one
 
 
 def test_upstream_keys_appear_in_no_log_page_or_api(fleet: Fleet) -> None:

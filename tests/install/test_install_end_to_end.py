@@ -205,7 +205,7 @@ def test_running_it_again_upgrades_in_place_keeping_settings_and_data(installed:
     assert "upgrading the virtual environment" in output
     assert package.stat().st_mtime_ns != package_before, "the package is reinstalled from the source"
     assert installed.env_file.read_bytes() == settings_before
-    assert "--host/--port/--model/--quantization are ignored" in output, "told that the settings file wins"
+    assert "--host/--port/--model/--quantization/--engine are ignored" in output, "told that the settings file wins"
     assert installed.setting("APPLIANCE_ADMIN_PASSWORD") not in output, "the password is shown once only"
     data_after = file_digests(installed.data_dir)
     assert {name: data_after.get(name) for name in data_before} == data_before

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from web.openai.schemas import Name
+from web.openai.schemas import TOP_K_MAX, Name
 
 # Anthropic's pattern for a tool's name (Claude Code's MCP tools are "mcp__server__tool").
 ToolName = Annotated[str, Meta(pattern="^[a-zA-Z0-9_-]{1,128}$")]
@@ -17,6 +17,14 @@ MaxTokens = Annotated[int, Meta(ge=1)]
 
 
 class TextBlock(Struct, tag="text", tag_field="type", kw_only=True):
+    text: str
+
+
+class SystemText(Struct, kw_only=True):
+    """A system prompt block: its type is a plain required field (a tag outside a union is optional to msgspec,
+    while the document, as Anthropic's, requires it)."""
+
+    type: Literal["text"]
     text: str
 
 
@@ -100,7 +108,7 @@ class CountTokensRequest(Struct, kw_only=True):
 
     model: Name
     messages: Annotated[list[Message], Meta(min_length=1)]
-    system: str | list[TextBlock] | None = None
+    system: str | list[SystemText] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
 
@@ -110,7 +118,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     stop_sequences: list[str] | None = None
     temperature: Annotated[float, Meta(ge=0, le=1)] | None = None  # Anthropic's range
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None  # 0: no cut
+    top_k: Annotated[int, Meta(ge=0, le=TOP_K_MAX)] | None = None  # 0: no cut
     metadata: Metadata | None = None
     stream: bool = False
 

@@ -168,6 +168,10 @@ class _Tracked:
     def __aiter__(self) -> _Tracked:
         return self
 
+    @property
+    def received_at(self) -> float | None:
+        return self._stream.received_at
+
     async def __anext__(self) -> RequestOutput:
         try:
             out = await anext(self._stream)

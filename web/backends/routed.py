@@ -58,6 +58,9 @@ class RoutedStream:
         self._started = False
         self._closed = False  # the router forgot it
         self._opened_at: float | None = None  # until its first token
+        # When the gateway read the latest delta from a remote backend (perf_counter; None for the local engine):
+        # the relay time, until its frame is written, is the latency the gateway adds.
+        self.received_at: float | None = None
 
     @property
     def backend_name(self) -> str | None:
@@ -111,6 +114,7 @@ class RoutedStream:
             raise StopAsyncIteration
         try:
             out = await anext(self._stream)
+            self.received_at = getattr(self._stream, "received_at", None)
         except (EngineDeadError, QueueFullError):
             if not retrying:
                 await self._release(close=False)

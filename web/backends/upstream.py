@@ -123,7 +123,8 @@ class UpstreamStream:
         self._body = body
         self.request_id = request_id
         self._arrival = arrival
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[float, RequestOutput | BaseException]] = asyncio.Queue()
+        self.received_at: float | None = None  # when the gateway read the delta __anext__ returned last
         self._task: asyncio.Task[None] | None = None
         self._first_token: float | None = None
         self._done = False
@@ -136,7 +137,7 @@ class UpstreamStream:
             raise StopAsyncIteration
         if self._task is None:
             self._task = asyncio.create_task(self._read(), name=f"upstream-{self.request_id}")
-        item = await self._queue.get()
+        self.received_at, item = await self._queue.get()
         if isinstance(item, BaseException):
             self._done = True
             raise item
@@ -144,11 +145,14 @@ class UpstreamStream:
             self._done = True
         return item
 
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait((time.perf_counter(), item))
+
     async def abort(self) -> None:
         if self._done:
             return
         await self._stop()
-        self._queue.put_nowait(self._final("abort", None))
+        self._put(self._final("abort", None))
 
     async def aclose(self) -> None:
         self._done = True
@@ -174,10 +178,10 @@ class UpstreamStream:
         except asyncio.CancelledError:
             raise
         except EngineError as exc:
-            self._queue.put_nowait(exc)
+            self._put(exc)
         except (httpx.HTTPError, OSError) as exc:
             where = "during the stream" if self._first_token is not None else "before any output"
-            self._queue.put_nowait(UpstreamError(f"{self._upstream.base_url} failed {where}: {_what(exc)}"))
+            self._put(UpstreamError(f"{self._upstream.base_url} failed {where}: {_what(exc)}"))
 
     async def _chunks(self, response: httpx.Response) -> None:
         usage: Usage | None = None
@@ -202,14 +206,14 @@ class UpstreamStream:
             if isinstance(reason, str):
                 finish = (reason, choice.get("stop_reason"))
             if delta is not None:
-                self._queue.put_nowait(delta)
+                self._put(delta)
         if finish is None:
             raise UpstreamError(f"{self._upstream.base_url} ended the stream without a finish reason")
         reason, stop_reason = finish
         final = self._final(reason if reason in ("stop", "length") else "stop", usage)
         if isinstance(stop_reason, int | str) and not isinstance(stop_reason, bool):
             final.stop_reason = stop_reason if isinstance(stop_reason, int) else stop_reason[:MESSAGE_CHARS]
-        self._queue.put_nowait(final)
+        self._put(final)
 
     def _delta(self, choice: dict[str, Any]) -> RequestOutput | None:
         text = choice.get("text")

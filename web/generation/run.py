@@ -101,6 +101,13 @@ class Generation:
         """The choice a delta belongs to."""
         return self._indexes.get(out.request_id, 0)
 
+    def relayed(self, out: RequestOutput) -> None:
+        """The delta's frame is written: how long it was in the gateway, where a remote backend sent it."""
+        stream = self._streams[self.index_of(out)]
+        if stream.received_at is not None and stream.backend_name is not None:
+            elapsed = time.perf_counter() - stream.received_at
+            self._owner.metrics.relay.labels(stream.backend_name).observe(elapsed)
+
     def queue_position(self) -> QueuePosition | None:
         """Where the request waits for a seat; None once it runs (or where the engine cannot say)."""
         return self._owner.router.queue_position(self.request_id)

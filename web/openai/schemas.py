@@ -25,6 +25,9 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Meta(ge=-2, le=2, description="OpenAI's: over the tokens generated so far")]
 # n choices run as n engine requests on one prompt: the bound keeps one request from taking a batch's seats.
 MAX_CHOICES = 8
+# The engine's range for top_k (and -1, vLLM's "off"): a schema-valid value is one the engine takes.
+TOP_K_MAX = 2**63 - 1
+TopK = Annotated[int, Meta(ge=-1, le=TOP_K_MAX)]
 # OpenAI's logit_bias: token ids as decimal strings (web/openai/service.py checks them against the vocabulary).
 LogitBias = Annotated[
     dict[Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,11})$")], Annotated[float, Meta(ge=-100, le=100)]],
@@ -119,7 +122,7 @@ class _SamplingFields(Struct, kw_only=True):
     max_tokens: MaxTokens | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: TopK | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None

@@ -150,6 +150,7 @@ async def start_stream(
             async for out in generation:
                 if data := b"".join(frames(out, False)):
                     yield data
+                    generation.relayed(out)
             await generation.close()  # quota settled before [DONE] (or queued while storage is down)
             if generation.aborted:
                 yield error_frame(generation.error_for_abort())

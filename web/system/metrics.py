@@ -46,6 +46,9 @@ class KeyQuota:
     limit: int | None
 
 
+RELAY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
 class Metrics:
     def __init__(self, stats: Callable[[], EngineStats | None], model_name: Callable[[], str | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -97,6 +100,11 @@ class Metrics:
         self.tpot = Histogram(
             "vllm:request_time_per_output_token_seconds", "Mean time per output token after the first, per request.",
             labels, buckets=ITL_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.relay = Histogram(
+            "appliance_backend_relay_seconds", "Time a remote backend's delta spends in this gateway: from reading "
+            "its SSE line to writing its frame to the client.", ["backend"], buckets=RELAY_BUCKETS,
+            registry=self.registry,
         )  # fmt: skip
         self.success = Counter(
             "vllm:request_success", "Requests that finished, by finish reason.", ["model_name", "finished_reason"],
