@@ -1,4 +1,6 @@
-"""The engine client as the web room uses it: the embedded engine's AsyncEngineClient, or a test double."""
+"""The local engine's client as the web room uses it: the embedded engine's AsyncEngineClient, the managed vLLM's
+(appliance/vllm_engine.py), web/backends/none.py's NoLocalEngine where every backend is remote, or a test
+double. The router reaches it through web/backends/embedded.py."""
 
 from __future__ import annotations
 
