@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -212,6 +213,9 @@ def api_key(given: str | None, stdin: TextIO) -> str:
 def run(base_url: str, key: str | None, max_tokens: int | None = None, temperature: float | None = None) -> int:
     """The chat loop on this terminal; 0 when the user leaves, 1 when the appliance refuses to go on."""
     out, err = sys.stdout, sys.stderr
+    # Ctrl-C stops a reply even when the chat was started with SIGINT ignored (from a script's background job,
+    # which Python then leaves ignored): the terminal's user is the one to decide.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         api = Api(base_url, api_key(key, sys.stdin))
         chat = Chat(api, api.model(), out, max_tokens, temperature)
