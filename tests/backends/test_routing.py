@@ -242,18 +242,18 @@ def test_a_draining_backend_gets_no_new_requests(fleet: Fleet) -> None:
 
     async def scenario() -> list[Outcome]:
         async with httpx.AsyncClient(base_url=draining.url, timeout=120) as direct:
-            body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True}
-            long = asyncio.ensure_future(
-                direct.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-            )
-            await asyncio.sleep(0.5)
-            draining.process.send_signal(signal.SIGTERM)  # it drains: the long request still runs
+            # Long enough that the drain outlasts the gateway's next probes (random:tiny is fast when idle).
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 1500, "ignore_eos": True}
+            auth = {"Authorization": f"Bearer {key}"}
+            longs = [asyncio.ensure_future(direct.post("/v1/completions", json=body, headers=auth)) for _ in range(8)]
+            await asyncio.sleep(0.3)
+            draining.process.send_signal(signal.SIGTERM)  # it drains: the long requests still run
             deadline = time.monotonic() + 20
             while state_of(fleet, draining_name) != "draining" and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert state_of(fleet, draining_name) == "draining"
             outcomes = await many(fleet, 8, 4)
-            await long
+            assert all(r.status_code == 200 for r in await asyncio.gather(*longs))  # the drain let them finish
             return outcomes
 
     outcomes = asyncio.run(scenario())
