@@ -55,17 +55,17 @@ async def _engine_state(http: Any) -> str:
 async def test_an_engine_crash_is_named_to_clients_the_console_stats_and_metrics(in_loop: InLoop) -> None:
     fake, http = in_loop.fake, in_loop.http
     key = await new_key(http)
+    await sign_in(http)  # before the crash: hashing the password on a slow machine outlasted the restart
     fake.kill()
     down = assert_openai_error(await http.post("/v1/chat/completions", json=CHAT, headers=bearer(key)), 503)
     assert down["code"] == "engine_unavailable" and "code -9" in down["message"]
-    fake.start_delay = 0.5
+    fake.start_delay = 3.0  # long enough for every check below, even on a loaded CI machine
     restarting = asyncio.create_task(fake.restart())
     await asyncio.sleep(0.05)
     refused = assert_openai_error(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"},
                                                   headers=bearer(key)), 503, "engine_unavailable")  # fmt: skip
     assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in refused["message"]
     assert_openai_error(await http.get("/ready"), 503, "engine_unavailable")
-    await sign_in(http)
     fragment = await _engine_state(http)
     assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in fragment
     assert 'data-state="loading"' not in fragment
