@@ -77,7 +77,7 @@ class EngineCore:
         # The bitmask spans the logits, which can be wider than the tokenizer (padded embeddings).
         logits_width = self.loaded.model.config.get_text_config().vocab_size
         self.grammars = GrammarCache(self.tokenizer, logits_width, sorted(self.eos_token_ids))
-        self.guided = GuidedBatch(self.grammars, config.max_num_seqs)
+        self.guided = GuidedBatch(self.grammars, config.max_num_seqs, self.loaded.device)
         self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided)
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []

@@ -10,20 +10,30 @@ import numpy as np
 import torch
 import xgrammar
 
+from engine import bitmask_cpu
+from engine.bitmask_cpu import Bans, MaskPlan
 from engine.guided import GrammarCache
 
 
 class GuidedBatch:
-    def __init__(self, grammars: GrammarCache, max_num_seqs: int) -> None:
+    def __init__(self, grammars: GrammarCache, max_num_seqs: int, device: torch.device) -> None:
         self.grammars = grammars
+        self._on_cpu = device.type == "cpu"
         self.vocab_size = grammars.vocab_size
         self._matchers: dict[str, xgrammar.GrammarMatcher] = {}
         # One row per seat; a step's sampling rows never outnumber the running requests.
         self._bitmask = xgrammar.allocate_token_bitmask(max_num_seqs, self.vocab_size)
-        self._filler = xgrammar.BatchGrammarMatcher()
-        self._no_control: torch.Tensor | None = None  # bitmask row: every token but those with a control byte
+        # On a CPU the forward has every core but the one left to the web server, where this batch's fill runs
+        # on its own worker thread: xgrammar's own threads ("auto": one per core) would take the forward's
+        # cores (measured: 1.3 ms more per step of random:tiny with 16 of 64 rows constrained on 2 cores).
+        self._filler = xgrammar.BatchGrammarMatcher(max_threads=1 if self._on_cpu else "auto")
+        # Tokens with a raw byte below 0x20, valid nowhere in compact JSON (engine.guided); but xgrammar 0.2.8's
+        # rule for a string with maxLength or minLength allows them: '{"a": "\x05"}' would come out, and not
+        # parse. Banned in every constrained row (on a CPU by the plan; elsewhere ANDed into the bitmask).
+        self._control: Bans | None = None
+        self._no_control: torch.Tensor | None = None  # the bitmask row that bans them
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitmask")
-        self._filling: Future[None] | None = None
+        self._filling: Future[MaskPlan | None] | None = None
         self._rows: list[int] = []
 
     @property
@@ -32,8 +42,11 @@ class GuidedBatch:
         return bool(self._matchers)
 
     def start(self, request_id: str, compiled: xgrammar.CompiledGrammar) -> None:
-        if self._no_control is None:
-            self._no_control = _without_control_bytes(compiled.tokenizer_info.decoded_vocab, self._bitmask.shape[1])
+        if self._control is None:
+            pieces = compiled.tokenizer_info.decoded_vocab
+            control = [token for token, piece in enumerate(pieces) if any(b < 0x20 for b in piece)]
+            self._control = Bans.of(control, self.vocab_size)
+            self._no_control = _bitmask_row(control, self._bitmask.shape[1])
         self._matchers[request_id] = xgrammar.GrammarMatcher(compiled)
 
     def accept(self, request_id: str, token: int) -> bool:
@@ -56,12 +69,14 @@ class GuidedBatch:
         matchers = [self._matchers[request_ids[i]] for i in rows]
         self._filling = self._pool.submit(self._fill, matchers, rows) if rows else None
 
-    def _fill(self, matchers: list[xgrammar.GrammarMatcher], rows: list[int]) -> None:
+    def _fill(self, matchers: list[xgrammar.GrammarMatcher], rows: list[int]) -> MaskPlan | None:
+        """Fill the rows' bitmask; on a CPU also work out the writes that apply it (engine.bitmask_cpu)."""
         self._filler.batch_fill_next_token_bitmask(matchers, self._bitmask, rows)
-        assert self._no_control is not None  # set by the first start
-        # A raw byte below 0x20 is valid nowhere in compact JSON (engine.guided), but xgrammar 0.2.8's rule for
-        # a string with maxLength or minLength allows it: '{"a": "\x05"}' would come out, and not parse.
+        assert self._control is not None and self._no_control is not None  # set by the first start
+        if self._on_cpu:
+            return bitmask_cpu.plan(self._bitmask, rows, self.vocab_size, self._control)
         self._bitmask[torch.tensor(rows)] &= self._no_control
+        return None
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """Ban, in the rows prepare() was given, every token their grammar does not allow next. Returns the
@@ -70,32 +85,18 @@ class GuidedBatch:
         if filling is None:
             return logits
         self._filling = None
-        filling.result()
+        cpu_plan = filling.result()
         logits = logits.float()
-        if logits.device.type == "cpu":
-            _apply_cpu(logits, self._bitmask, rows, self.vocab_size)
+        if cpu_plan is not None:
+            bitmask_cpu.apply(logits, cpu_plan)
         else:
             bitmask = self._bitmask[: max(rows) + 1].to(logits.device, non_blocking=True)
             xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=rows, vocab_size=self.vocab_size)
         return logits
 
 
-def _without_control_bytes(decoded_vocab: list[bytes], words: int) -> torch.Tensor:
-    """A bitmask row (int32 words, bit i of word w is token 32w + i) allowing every token with no byte below
-    0x20; tokens past the vocabulary stay allowed (the grammar's own mask bans them)."""
+def _bitmask_row(banned: list[int], words: int) -> torch.Tensor:
+    """A bitmask row (int32 words, bit i of word w is token 32w + i) allowing every token but `banned`."""
     allowed = np.ones(words * 32, dtype=bool)
-    for token_id, piece in enumerate(decoded_vocab):
-        if any(b < 0x20 for b in piece):
-            allowed[token_id] = False
+    allowed[banned] = False
     return torch.from_numpy(np.packbits(allowed, bitorder="little").view(np.int32).copy())
-
-
-def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], vocab_size: int) -> None:
-    """xgrammar's CPU kernel writes banned tokens one by one: 3.2 ms for 16 rows of a 49,152-token vocabulary
-    at a structural position (nearly all banned), a sixth of a tiny model's step. Unpacking the bits with
-    numpy and one vectorized write per row takes 0.4 ms for the same rows, and gives identical logits."""
-    bits = np.unpackbits(bitmask[rows].numpy().view(np.uint8), axis=-1, bitorder="little")[:, :vocab_size]
-    banned = bits == 0
-    values = logits.numpy()
-    for j, row in enumerate(rows):
-        np.copyto(values[row, :vocab_size], -np.inf, where=banned[j])
