@@ -76,6 +76,11 @@ class BlockManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         return -(-num_tokens // self.block_size)
 
+    def num_slots(self, request_id: str) -> int:
+        """How many tokens request_id's blocks hold (0 for a request without blocks)."""
+        state = self._requests.get(request_id)
+        return len(state.table) * self.block_size if state is not None else 0
+
     def block_table(self, request_id: str) -> list[int]:
         state = self._requests.get(request_id)
         return state.table if state is not None else []
@@ -139,6 +144,8 @@ class BlockManager:
         """Grow request_id's table to hold num_tokens tokens in total, first attaching computed_blocks
         (first call only). All or nothing: returns False and changes nothing when free blocks fall short."""
         state = self._requests.get(request_id)
+        if state is not None and not computed_blocks and 0 <= num_tokens <= len(state.table) * self.block_size:
+            return True  # a decode step inside its last block: nearly every call, kept cheap
         table_len = len(state.table) if state is not None else 0
         if computed_blocks and table_len:
             raise ValueError(f"computed_blocks given for request {request_id!r} whose table is not empty")

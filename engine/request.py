@@ -54,6 +54,9 @@ class Request:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    # Tokens its KV blocks hold, as the scheduler last allocated them: a decode step inside its last block
+    # needs no call into the block manager.
+    num_kv_slots: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -111,8 +111,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if self.blocks.allocate_slots(req.request_id, req.num_computed_tokens + n):
+            # Once per running request per step: no property, no builtin call it can do without.
+            n = len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens
+            if n > budget:
+                n = budget
+            if req.num_computed_tokens + n <= req.num_kv_slots or self._grow(req, req.num_computed_tokens + n):
                 out.scheduled.append(ScheduledRequest(req, n))
                 budget -= n
                 i += 1
@@ -131,6 +134,12 @@ class Scheduler:
         out.num_batched_tokens = self.limits.max_num_batched_tokens - budget
         return out
 
+    def _grow(self, req: Request, num_tokens: int) -> bool:
+        if not self.blocks.allocate_slots(req.request_id, num_tokens):
+            return False
+        req.num_kv_slots = self.blocks.num_slots(req.request_id)
+        return True
+
     def _unschedule(self, req: Request, out: SchedulerOutput) -> int:
         """Drop req from this step's batch; returns the tokens it had been given."""
         for k, s in enumerate(out.scheduled):
@@ -141,6 +150,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.blocks.free(req.request_id)
+        req.num_kv_slots = 0
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -191,6 +201,7 @@ class Scheduler:
         reserve = len(tokens) if self.limits.policy == "static" else num_cached + n
         if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
             return None
+        req.num_kv_slots = self.blocks.num_slots(req.request_id)
         self.waiting.take(req)
         self.blocks.promise(req.request_id, tokens)
         req.num_computed_tokens = num_cached
@@ -213,6 +224,8 @@ class Scheduler:
         block_size = self.blocks.block_size
         advanced: list[Request] = []
         now = self.clock()
+        # Once per running request per step: the calls are bound once.
+        token_of, charge, stop_status = sampled.get, self.book.generated, self._stop_status
         for s in out.scheduled:
             req = s.request
             if req.status is not RequestStatus.RUNNING:
@@ -221,28 +234,26 @@ class Scheduler:
             req.num_computed_tokens += s.num_new_tokens
             if req.num_computed_tokens // block_size > before // block_size:
                 self.blocks.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
-            token = sampled.get(req.request_id)
+            token = token_of(req.request_id)
             if token is None:
                 continue
             req.output_token_ids.append(token)
-            self.book.generated(req)
+            charge(req)
             if req.first_token_time is None:
                 req.first_token_time = now
             advanced.append(req)
-            status = self._stop_status(req, token)
+            status = stop_status(req, token)
             if status is not None:
                 self._finish(req, status, now)
         return advanced
 
     def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
         params = req.params
-        if token in req.eos_token_ids and not params.ignore_eos:
+        if (not params.ignore_eos and token in req.eos_token_ids) or token in params.stop_token_ids:
             req.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if len(req.output_token_ids) >= params.max_tokens or req.num_tokens >= self.limits.max_model_len:
+        num_output = len(req.output_token_ids)
+        if num_output >= params.max_tokens or len(req.prompt_token_ids) + num_output >= self.limits.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -274,6 +285,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.book.left(req, was_running)
         self.blocks.free(req.request_id)
+        req.num_kv_slots = 0
         req.status = status
         req.finished_time = now
         del self.requests[req.request_id]

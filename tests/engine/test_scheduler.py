@@ -132,10 +132,11 @@ class Harness:
             assert 1 <= s.num_new_tokens <= req.num_tokens - req.num_computed_tokens
             capacity = len(self.blocks.block_table(req.request_id)) * self.blocks.block_size
             assert capacity >= req.num_computed_tokens + s.num_new_tokens
+            assert req.num_kv_slots == capacity  # the scheduler's copy, which spares a decode step the lookup
         for req in out.preempted:
             assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
             assert req in sched.waiting and req.request_id not in ids
-            assert self.blocks.block_table(req.request_id) == []
+            assert self.blocks.block_table(req.request_id) == [] and req.num_kv_slots == 0
         for req in out.reclaimed:
             assert limits.policy == "fair" and req not in out.preempted
             assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
