@@ -1,16 +1,20 @@
 """`python -m appliance.bench_fair`: issue 12's benchmark through the whole appliance, over HTTP with real keys.
 random:tiny served with 16 seats; four light keys each send one short streamed chat request (16 tokens) about every
 1.5 s, alone for 30 s, then for 30 s beside a heavy key that keeps 24 long streams (256 tokens, ignore_eos) in
-flight; once under the fair policy and once under fcfs, each on a fresh server. Prints the light keys' TTFT
+flight; under the fair policy and under fcfs, each on a fresh server. Prints the light keys' TTFT
 p50/p95 (as the client saw it: request sent to first content) alone and beside the heavy key, the heavy key's and
-the total tokens/s (the server's own generation counter, /metrics)."""
+the total tokens/s (the server's own generation counter, /metrics). Both servers run from the start and the
+policies take turns in short rounds; the heavy key's streams come from a process of their own."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -101,16 +105,6 @@ async def light_key(
         await asyncio.sleep(max(0.0, start + rng.uniform(0.5, 1.5) * args.interval - time.monotonic()))
 
 
-async def heavy_stream(http: httpx.AsyncClient, key: str, args: argparse.Namespace, phase: Phase) -> None:
-    """One of the heavy key's streams: a new long request as soon as the last one ends, until cancelled."""
-    while True:
-        try:
-            await stream_once(http, key, body(args.heavy_tokens, "Tell me everything you know."))
-        except (httpx.HTTPError, RuntimeError) as exc:
-            phase.errors.append(f"heavy: {exc}")
-            await asyncio.sleep(0.5)
-
-
 async def generated_total(http: httpx.AsyncClient) -> int:
     scraped = await http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     scraped.raise_for_status()
@@ -121,35 +115,51 @@ async def generated_total(http: httpx.AsyncClient) -> int:
 async def run_phase(url: str, keys: dict[str, str], seconds: float, heavy: bool, args: argparse.Namespace) -> Phase:
     phase = Phase()
     rng = random.Random(args.seed)
-    limits = httpx.Limits(max_connections=args.heavy_streams + 16)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
         before = await generated_total(http)
-        heavy_tasks = (
-            [asyncio.create_task(heavy_stream(http, keys["heavy"], args, phase)) for _ in range(args.heavy_streams)]
-            if heavy
-            else []
-        )
+        load = None
         if heavy:
+            # The heavy key, in a process of its own that imports only httpx: the light keys' TTFT is measured as
+            # their own client sees it, not behind the heavy streams' reads in one event loop.
+            command = [
+                sys.executable,
+                "-m",
+                "appliance.bench_load",
+                url,
+                str(args.heavy_streams),
+                str(args.heavy_tokens),
+            ]
+            load = subprocess.Popen(command, env={**os.environ, "BENCH_KEY": keys["heavy"]})
             await asyncio.sleep(args.settle)  # the heavy key holds its seats before the light keys are measured
         start = time.monotonic()
         until = start + seconds
         await asyncio.gather(*(light_key(http, keys[name], until, args, rng, phase) for name in LIGHT_KEYS))
-        phase.seconds = time.monotonic() - start
+        phase.seconds = time.monotonic() - start + (args.settle if heavy else 0.0)
         total = await generated_total(http)
-        for task in heavy_tasks:
-            task.cancel()
-        await asyncio.gather(*heavy_tasks, return_exceptions=True)
+        if load is not None:
+            load.terminate()
+            load.wait(10)
         phase.total_tokens = total - before
     return phase
 
 
-def report(policy: str, alone: Phase, beside: Phase, settle: float) -> str:
+def merged(phases: list[Phase]) -> Phase:
+    out = Phase()
+    for phase in phases:
+        out.light_ttft += phase.light_ttft
+        out.light_tokens += phase.light_tokens
+        out.total_tokens += phase.total_tokens
+        out.seconds += phase.seconds
+        out.errors += phase.errors
+    return out
+
+
+def report(policy: str, alone: Phase, beside: Phase) -> str:
     a50, a95 = percentile(alone.light_ttft, 50) * 1000, percentile(alone.light_ttft, 95) * 1000
     b50, b95 = percentile(beside.light_ttft, 50) * 1000, percentile(beside.light_ttft, 95) * 1000
-    # The counter's delta spans the settle time too (the heavy key alone); the light tokens only the phase.
-    elapsed = beside.seconds + settle
-    total = beside.total_tokens / elapsed
-    heavy = (beside.total_tokens - beside.light_tokens) / elapsed
+    # The counter's delta and the seconds span the settle time too (the heavy key alone).
+    total = beside.total_tokens / beside.seconds
+    heavy = (beside.total_tokens - beside.light_tokens) / beside.seconds
     return (
         f"{policy:>6} | {a50:>7.0f} / {a95:>5.0f} ms | {b50:>7.0f} / {b95:>6.0f} ms | {b95 / a95:>7.1f}x | "
         f"{heavy:>11.1f} | {total:>11.1f} | {len(alone.light_ttft) + len(beside.light_ttft):>5}"
@@ -167,25 +177,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heavy-tokens", type=int, default=256)
     p.add_argument("--heavy-streams", type=int, default=24)
     p.add_argument("--policies", default="fair,fcfs")
+    p.add_argument("--rounds", type=int, default=2, help="rounds the policies take in turn")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     print(
         f"{MODEL} served, {args.seats} seats: 4 light keys ({args.light_tokens} tokens every ~{args.interval} s "
         f"each), a heavy key with {args.heavy_streams} x {args.heavy_tokens}-token streams in flight"
     )
-    rows = []
-    for policy in (s.strip() for s in args.policies.split(",") if s.strip()):
-        with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
-            data = Path(tmp)
-            keys = create_keys(data, ["heavy", *LIGHT_KEYS])
+    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    alone: dict[str, list[Phase]] = {policy: [] for policy in policies}
+    beside: dict[str, list[Phase]] = {policy: [] for policy in policies}
+    with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp, contextlib.ExitStack() as servers:
+        urls, keys = {}, {}
+        for policy in policies:
+            data = Path(tmp) / policy
+            data.mkdir()
+            keys[policy] = create_keys(data, ["heavy", *LIGHT_KEYS])
             server = server_for(policy, args.seats, data)
-            with running(server):
-                alone = asyncio.run(run_phase(server.url, keys, args.alone, False, args))
-                beside = asyncio.run(run_phase(server.url, keys, args.beside, True, args))
-        errors = alone.errors + beside.errors
-        if errors:
+            servers.enter_context(running(server))
+            urls[policy] = server.url
+        # Short rounds, the policies taking turns (the idle server waits), so a machine whose load drifts
+        # weighs on both alike.
+        for _ in range(args.rounds):
+            for policy in policies:
+                alone[policy].append(
+                    asyncio.run(run_phase(urls[policy], keys[policy], args.alone / args.rounds, False, args))
+                )
+                beside[policy].append(
+                    asyncio.run(run_phase(urls[policy], keys[policy], args.beside / args.rounds, True, args))
+                )
+    rows = []
+    for policy in policies:
+        a, b = merged(alone[policy]), merged(beside[policy])
+        if a.errors or b.errors:
+            errors = a.errors + b.errors
             print(f"{policy}: {len(errors)} failed requests, the first: {errors[0]}", file=sys.stderr)
-        rows.append(report(policy, alone, beside, args.settle))
+        rows.append(report(policy, a, b))
     print(
         f"{'policy':>6} | {'light TTFT alone':>18} | {'beside the heavy key':>20} | {'p95 x':>8} | "
         f"{'heavy tok/s':>11} | {'total tok/s':>11} | light"

@@ -157,20 +157,29 @@ class Ledger:
         write the queued row, or raise (nothing is left taken then). max_tokens is an upper bound: where the quota
         has less left, the request runs with what is left (and ends with finish_reason "length"); only a prompt
         that leaves no token is refused. Returns the request as admitted."""
+        return await self.reserve(log, key, self.hold(log, key, prepared))
+
+    def hold(self, log: RequestLog, key: KeyInfo, prepared: Prepared) -> Prepared:
+        """admit's first step, which waits for nothing: the row's counts and one of the key's concurrent slots
+        (or a 429). Returns the request as it runs when the quota cuts nothing: under the key's tenant."""
         log.prompt_text = prepared.prompt_text if self.store_text else None
         log.prompt_tokens = len(prepared.prompt_ids)
         log.max_tokens_requested = prepared.requested_max_tokens
         self.limiter.acquire(key.id, key.max_concurrent)
+        return replace(prepared, tenant=key.tenant)
+
+    async def reserve(self, log: RequestLog, key: KeyInfo, held: Prepared) -> Prepared:
+        """admit's second step, after hold: the quota reserved and the queued row written in one transaction, or
+        raise with the slot given back. Returns the request as admitted (max_tokens cut to what is left)."""
         try:
-            granted = await self._reserve_up_to(key, log, prepared.params.max_tokens, prepared.n)
+            granted = await self._reserve_up_to(key, log, held.params.max_tokens, held.n)
         except BaseException:
             self.limiter.release(key.id)
             raise
         self.writer.retry_now()  # the database just took a write: what it refused before may go through now
-        params = prepared.params
-        if granted != params.max_tokens:
-            params = msgspec.structs.replace(params, max_tokens=granted)
-        return replace(prepared, params=params, tenant=key.tenant)
+        if granted == held.params.max_tokens:
+            return held
+        return replace(held, params=msgspec.structs.replace(held.params, max_tokens=granted))
 
     async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int, n: int) -> int:
         """Reserve for n choices of max_tokens, else of what the quota has left shared among them, else raise

@@ -124,3 +124,67 @@ async def test_a_prompt_past_what_the_context_can_hold_is_refused_untokenized(in
         refused = await in_loop.http.post(path, json=body, headers=bearer(key))
         assert_openai_error(refused, 400, "context_length_exceeded", param)
     assert tokenizer.chars == 0
+
+
+async def test_a_key_without_a_quota_is_queued_on_the_engine_while_its_row_is_written(
+    in_loop: InLoop, db: sqlite3.Connection, monkeypatch: Any
+) -> None:
+    """The database's commit overlaps the engine's queue; a refused write stops the engine request, and the client
+    gets the storage refusal, not a token."""
+    ledger = in_loop.gateway.ledger
+    key = await new_key(in_loop.http)
+    written, release = asyncio.Event(), asyncio.Event()
+    reserve = ledger._reserve
+
+    async def slow_reserve(*args: Any) -> bool:
+        written.set()
+        await release.wait()
+        return await reserve(*args)
+
+    monkeypatch.setattr(ledger, "_reserve", slow_reserve)
+    call = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key)))
+    await written.wait()
+    for _ in range(100):
+        if in_loop.fake.requests:
+            break
+        await asyncio.sleep(0.01)
+    assert [rid for rid, _, _ in in_loop.fake.requests] and not rows(db, "SELECT id FROM requests")
+    release.set()
+    answered = await call
+    assert answered.status_code == 200, answered.text
+    (row,) = rows(db, "SELECT id, status FROM requests")
+    assert row["status"] == "finished" and in_loop.fake.requests[0][0] == row["id"]
+
+    before = len(in_loop.fake.requests)
+
+    async def refused(*args: Any) -> bool:
+        while len(in_loop.fake.requests) == before:  # the engine has it, and is generating
+            await asyncio.sleep(0.01)
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(ledger, "_reserve", refused)
+    body = {**CHAT, "max_tokens": 300, "ignore_eos": True}
+    assert_openai_error(await in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)), 503)
+    stopped = in_loop.fake.requests[before][0]
+    await asyncio.sleep(0.05)
+    fake = in_loop.fake
+    assert stopped in fake.aborted + fake.closed_early, (fake.aborted, fake.closed_early)
+    assert fake.generated.get(stopped, 0) < 300
+
+
+async def test_a_key_with_a_quota_is_reserved_before_the_engine_sees_it(in_loop: InLoop, monkeypatch: Any) -> None:
+    """Its max_tokens is what its quota has left: the reservation decides it before the request is queued."""
+    ledger = in_loop.gateway.ledger
+    key = await new_key(in_loop.http, "metered", quota_tokens=40)
+    seen: list[int] = []
+    reserve = ledger._reserve
+
+    async def watched(*args: Any) -> bool:
+        seen.append(len(in_loop.fake.requests))
+        return await reserve(*args)
+
+    monkeypatch.setattr(ledger, "_reserve", watched)
+    answered = await in_loop.http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 300}, headers=bearer(key))
+    assert answered.status_code == 200, answered.text
+    assert seen and seen[0] == 0  # nothing queued before the reservation
+    assert in_loop.fake.requests[0][2].max_tokens < 300  # cut to what the quota had left

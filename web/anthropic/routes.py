@@ -46,8 +46,8 @@ def _named_refusals(log: RequestLog) -> Iterator[None]:
 async def create_message(
     request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
 ) -> Response[Any]:
-    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) -> started on the
-    engine -> streamed or collected; the Generation settles the ledger when it closes."""
+    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) and started on
+    the engine -> streamed or collected; the Generation settles the ledger when it closes."""
     key: KeyInfo = request.state.api_key
     log = new_log(request, ENDPOINT, "msg_")
     with _named_refusals(log):
@@ -57,10 +57,9 @@ async def create_message(
             log.user = body.metadata.user_id if body.metadata else None
             gate.check()
             prepared = await service.prepare(prompts, body, key)
-            admitted = await ledger.admit(log, key, prepared)
-        generation = generations.start(log, admitted)
+            generation = await generations.admit(log, key, prepared)
         if body.stream:
-            frames = MessageFrames(generation, log.id, log.model, admitted.tools)
+            frames = MessageFrames(generation, log.id, log.model, prepared.tools)
             response = await start_stream(request, generation, frames.frames, frames.closing, errors.event_of, b"")
             response.headers.update(_ids(log))
             return response
@@ -68,7 +67,7 @@ async def create_message(
             done = await collect(request, generation)
         except ClientDisconnected:
             return Response(b"", status_code=CLIENT_CLOSED)
-    content, called = content_of(done.text, admitted.tools)
+    content, called = content_of(done.text, prepared.tools)
     reason, sequence = stop_reason(done.final, called)
     message = MessageBody(log.id, log.model, content, reason, sequence, usage_of(log))
     return Response(encoder.encode(message), media_type="application/json", headers=_ids(log))

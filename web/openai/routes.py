@@ -80,8 +80,8 @@ async def _serve(
     ledger: Ledger,
     generations: Generations,
 ) -> Response[Any]:
-    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) -> started on the
-    engine -> streamed or collected; the Generation settles the ledger when it closes."""
+    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) and started on
+    the engine -> streamed or collected; the Generation settles the ledger when it closes."""
     key: KeyInfo = request.state.api_key
     log = new_log(request, endpoint.name, endpoint.id_prefix)
     with _named_refusals(log):
@@ -90,8 +90,7 @@ async def _serve(
             log.model, log.stream, log.user = body.model, body.stream, body.user
             gate.check()
             prepared = await prepare(body, key)
-            admitted = await ledger.admit(log, key, prepared)
-        generation = generations.start(log, admitted)
+            generation = await generations.admit(log, key, prepared)
         fingerprint = fmt.system_fingerprint(gate.client.model_info)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
