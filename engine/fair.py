@@ -10,6 +10,7 @@ credit. Interactive tenants form a band above batch ones: fairness holds within 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,10 +95,18 @@ class TenantBook:
         st.tokens_total += prompt_tokens
         self.admissions_total += 1
 
-    def generated(self, req: Tenanted) -> None:
+    def generated(self, req: Tenanted, tokens: int = 1) -> None:
         st = self.tenants[req.tenant.id]
-        st.counter += W_OUT / st.tenant.weight
-        st.tokens_total += 1
+        st.counter += tokens * W_OUT / st.tenant.weight
+        st.tokens_total += tokens
+
+    def generated_each(self, reqs: Iterable[Tenanted]) -> None:
+        """One token for each of reqs (a step's; once per running request per step, so without a call each)."""
+        tenants = self.tenants
+        for req in reqs:
+            st = tenants[req.tenant.id]
+            st.counter += W_OUT / st.tenant.weight
+            st.tokens_total += 1
 
     def preempted(self, req: Tenanted) -> None:
         st = self.tenants[req.tenant.id]

@@ -221,11 +221,12 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Advance computed counts, append sampled tokens, finish requests that hit EOS, a stop token or a
         length limit. Returns the requests that got a new token this step."""
-        block_size = self.blocks.block_size
+        block_size, max_len = self.blocks.block_size, self.limits.max_model_len
         advanced: list[Request] = []
+        ended: list[tuple[Request, RequestStatus]] = []
         now = self.clock()
-        # Once per running request per step: the calls are bound once.
-        token_of, charge, stop_status = sampled.get, self.book.generated, self._stop_status
+        token_of = sampled.get
+        # Once per running request per step: no call or property it can do without.
         for s in out.scheduled:
             req = s.request
             if req.status is not RequestStatus.RUNNING:
@@ -238,24 +239,19 @@ class Scheduler:
             if token is None:
                 continue
             req.output_token_ids.append(token)
-            charge(req)
             if req.first_token_time is None:
                 req.first_token_time = now
             advanced.append(req)
-            status = stop_status(req, token)
-            if status is not None:
-                self._finish(req, status, now)
+            params = req.params
+            if (not params.ignore_eos and token in req.eos_token_ids) or token in params.stop_token_ids:
+                req.stop_reason = token
+                ended.append((req, RequestStatus.FINISHED_STOPPED))
+            elif (n := len(req.output_token_ids)) >= params.max_tokens or n + len(req.prompt_token_ids) >= max_len:
+                ended.append((req, RequestStatus.FINISHED_LENGTH))
+        self.book.generated_each(advanced)  # before any of them leaves: a tenant leaves with its last token counted
+        for req, status in ended:
+            self._finish(req, status, now)
         return advanced
-
-    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
-        params = req.params
-        if (not params.ignore_eos and token in req.eos_token_ids) or token in params.stop_token_ids:
-            req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        num_output = len(req.output_token_ids)
-        if num_output >= params.max_tokens or len(req.prompt_token_ids) + num_output >= self.limits.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     # -- finishing -------------------------------------------------------------------------------------
 

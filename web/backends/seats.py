@@ -65,8 +65,7 @@ class Seats:
         self.taken[name] = max(self.taken[name] - 1, 0)
 
     def generated(self, entry: Seated, tokens: int) -> None:
-        for _ in range(tokens):
-            self.book.generated(entry)
+        self.book.generated(entry, tokens)
 
     def left(self, entry: Seated) -> None:
         self.book.left(entry, entry.running)
