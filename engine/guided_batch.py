@@ -10,8 +10,7 @@ import numpy as np
 import torch
 import xgrammar
 
-from engine import bitmask_cpu
-from engine.bitmask_cpu import Bans, MaskPlan
+from engine.bitmask_cpu import Bans, MaskPlan, apply, plan
 from engine.guided import GrammarCache
 
 
@@ -31,7 +30,7 @@ class GuidedBatch:
         # rule for a string with maxLength or minLength allows them: '{"a": "\x05"}' would come out, and not
         # parse. Banned in every constrained row (on a CPU by the plan; elsewhere ANDed into the bitmask).
         self._control: Bans | None = None
-        self._no_control: torch.Tensor | None = None  # the bitmask row that bans them
+        self._no_control: torch.Tensor | None = None  # the bitmask row that bans them (off a CPU)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitmask")
         self._filling: Future[MaskPlan | None] | None = None
         self._rows: list[int] = []
@@ -46,7 +45,8 @@ class GuidedBatch:
             pieces = compiled.tokenizer_info.decoded_vocab
             control = [token for token, piece in enumerate(pieces) if any(b < 0x20 for b in piece)]
             self._control = Bans.of(control, self.vocab_size)
-            self._no_control = _bitmask_row(control, self._bitmask.shape[1])
+            if not self._on_cpu:
+                self._no_control = _bitmask_row(control, self._bitmask.shape[1])
         self._matchers[request_id] = xgrammar.GrammarMatcher(compiled)
 
     def accept(self, request_id: str, token: int) -> bool:
@@ -72,9 +72,10 @@ class GuidedBatch:
     def _fill(self, matchers: list[xgrammar.GrammarMatcher], rows: list[int]) -> MaskPlan | None:
         """Fill the rows' bitmask; on a CPU also work out the writes that apply it (engine.bitmask_cpu)."""
         self._filler.batch_fill_next_token_bitmask(matchers, self._bitmask, rows)
-        assert self._control is not None and self._no_control is not None  # set by the first start
+        assert self._control is not None  # set by the first start
         if self._on_cpu:
-            return bitmask_cpu.plan(self._bitmask, rows, self.vocab_size, self._control)
+            return plan(self._bitmask, rows, self.vocab_size, self._control)
+        assert self._no_control is not None
         self._bitmask[torch.tensor(rows)] &= self._no_control
         return None
 
@@ -88,7 +89,7 @@ class GuidedBatch:
         cpu_plan = filling.result()
         logits = logits.float()
         if cpu_plan is not None:
-            bitmask_cpu.apply(logits, cpu_plan)
+            apply(logits, cpu_plan)
         else:
             bitmask = self._bitmask[: max(rows) + 1].to(logits.device, non_blocking=True)
             xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=rows, vocab_size=self.vocab_size)
