@@ -15,6 +15,7 @@ from litestar.serialization import decode_json
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engine import ContextLengthError, EngineDeadError, EngineError, InvalidRequestError, QueueFullError
+from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 
 log = logging.getLogger("web.errors")
 _FIELD = re.compile(r"field `([^`]+)`")
@@ -216,6 +217,11 @@ def _raised_in(exc: BaseException, code: CodeType) -> bool:
     return tb is not None and tb.tb_frame.f_code is code
 
 
+def handle_client_gone(_: Request[Any, Any, Any], __: ClientDisconnected) -> Response[bytes]:
+    """A client that left before its response began: nobody reads the answer; the access log's 499 says why."""
+    return Response(b"", status_code=CLIENT_CLOSED)
+
+
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _respond(HTTP_500_INTERNAL_SERVER_ERROR, "internal server error", "server_error", None, None, {})
@@ -223,6 +229,7 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
 
 EXCEPTION_HANDLERS: dict[int | type[Exception], Any] = {
     AppError: handle_app_error,
+    ClientDisconnected: handle_client_gone,
     EngineError: handle_engine_error,
     HTTPException: handle_http_exception,
     RecursionError: handle_undecodable_body,

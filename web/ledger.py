@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine import EngineError
 from web.errors import AppError, InsufficientQuota, StorageUnavailable, from_engine_error
+from web.generation.disconnect import ClientDisconnected
 from web.generation.policy import Prepared
 from web.history.record import CHECKPOINT, FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
 from web.history.writer import BatchWriter, Write, describe
@@ -139,18 +140,29 @@ class Ledger:
 
     @asynccontextmanager
     async def refusals(self, log: RequestLog) -> AsyncIterator[None]:
-        """Whatever refuses the request inside this block gets it a `rejected` row and leaves as an AppError."""
+        """Whatever refuses the request inside this block gets it a `rejected` row and leaves as an AppError; a
+        client gone before its body was read gets a `cancelled` row (ClientDisconnected goes on up)."""
         try:
             yield
+        except ClientDisconnected:
+            log.status, log.error, log.reserved_tokens = "cancelled", "the client disconnected before it was read", 0
+            self.metrics.observe_request(log)
+            await self._write_refused(log)
+            raise
         except Exception as exc:
             error = self._refusal(log, exc)
             log.status, log.error, log.reserved_tokens = "rejected", error.message, 0
-            written = self.writer.submit(_insert(self._row(log, finished_at=utcnow())))
-            if not (isinstance(error, StorageUnavailable) or self.writer.refusing):
-                await written  # the row is there once the client has its answer, unless storage is down (queued)
+            await self._write_refused(log, storage_down=isinstance(error, StorageUnavailable))
             if error is exc:
                 raise
             raise error from None
+
+    async def _write_refused(self, log: RequestLog, storage_down: bool = False) -> None:
+        """The row of a request that never ran, as it is; there once the client has its answer, unless storage is
+        down (then it is queued until the database takes it)."""
+        written = self.writer.submit(_insert(self._row(log, finished_at=utcnow())))
+        if not (storage_down or self.writer.refusing):
+            await written
 
     async def admit(self, log: RequestLog, key: KeyInfo, prepared: Prepared) -> Prepared:
         """Take one of the key's concurrent slots, reserve prompt + n x max_tokens of its quota (n choices) and

@@ -17,11 +17,11 @@ from web.anthropic.formatting import content_of, stop_reason, usage_of
 from web.anthropic.schemas import MessageBody, TokenCount, encoder
 from web.anthropic.streaming import MessageFrames
 from web.errors import AppError
-from web.generation.disconnect import ClientDisconnected
+from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 from web.generation.intake import new_log, read_body
 from web.history.record import RequestLog
 from web.keys.service import KeyInfo
-from web.openai.streaming import CLIENT_CLOSED, collect, start_stream
+from web.openai.streaming import collect, start_stream
 
 AnyRequest = Request[Any, Any, Any]
 ENDPOINT = "messages"  # the history row's endpoint: which API the request spoke

@@ -11,10 +11,11 @@ from typing import Any, TypeVar
 from litestar.types import Receive
 
 T = TypeVar("T")
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
 
 
 class ClientDisconnected(Exception):
-    """The client closed the connection before the response was sent."""
+    """The client closed the connection before the response was sent (or before its body was read)."""
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

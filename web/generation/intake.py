@@ -7,9 +7,10 @@ import uuid
 from typing import Any
 
 from litestar import Request
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, InternalServerException
 
 from web.errors import InvalidRequest, PayloadTooLarge
+from web.generation.disconnect import ClientDisconnected
 from web.history.record import RequestLog
 
 
@@ -30,8 +31,12 @@ def new_log(request: Request[Any, Any, Any], endpoint: str, id_prefix: str) -> R
 
 
 async def read_body(request: Request[Any, Any, Any]) -> bytes:
+    """The body; a client gone before it was read raises ClientDisconnected (its row says cancelled, not a bad
+    input: Litestar raises a 500 for it, which no client sees)."""
     try:
         return await request.body()
+    except InternalServerException:  # Litestar's stream() raises only this one, for an http.disconnect
+        raise ClientDisconnected from None
     except HTTPException as exc:  # Litestar's size limit and framing errors, recorded like any bad input
         if exc.status_code == 413:
             raise PayloadTooLarge("the request body is too large") from None

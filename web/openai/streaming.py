@@ -18,7 +18,7 @@ from litestar.response import Stream
 
 from engine import Logprob, QueuePosition, RequestOutput
 from web.errors import AppError
-from web.generation.disconnect import ClientDisconnected, unless_disconnected
+from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from web.generation.run import Generation
 from web.openai import formatting as fmt
 from web.openai.schemas import Delta, UsageBody, encoder
@@ -26,7 +26,6 @@ from web.openai.tools import StreamedCalls
 
 logger = logging.getLogger("web.openai")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
 # The engine refuses (queue full, context length) at its next step, in milliseconds: a first delta still missing
 # after this long means the request waits for a seat, and the stream starts so the client can be told where.
 QUEUE_NOTICE_S = 1.0
