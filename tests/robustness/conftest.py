@@ -196,7 +196,8 @@ class RawCall:
         self._reading = asyncio.create_task(self._read(reader))
 
     @classmethod
-    async def open(cls, server: Server, path: str, key: str, body: dict[str, Any]) -> RawCall:
+    async def open(cls, server: Server, path: str, key: str, body: dict[str, Any], body_part: float = 1.0) -> RawCall:
+        """`body_part`: the share of the body sent (the rest never comes)."""
         host, port = server.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         raw = json.dumps(body).encode()
@@ -204,7 +205,7 @@ class RawCall:
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
         )
-        writer.write(head.encode() + raw)
+        writer.write(head.encode() + raw[: int(len(raw) * body_part)])
         await writer.drain()
         return cls(reader, writer)
 

@@ -63,6 +63,22 @@ async def test_disconnect_before_the_first_byte_frees_the_kv_cache(server: Serve
         assert (usage["used_tokens"], usage["reserved_tokens"]) == (charged(rows), 0)
 
 
+async def test_a_client_gone_mid_body_is_cancelled_not_refused(server: Server) -> None:
+    """A client that leaves before its body is read (a slow handler under load meets uvicorn's http.disconnect
+    even with the whole body buffered) is no bad input: a cancelled row, no refusal, nothing charged."""
+    key = server.new_key("cut-in-body")
+    with fault("client disconnect mid-body"):
+        body = {"model": MODEL, "prompt": "never read", "max_tokens": 10, "stream": True}
+        call = await RawCall.open(server, "/v1/completions", key, body, body_part=0.5)
+        await asyncio.sleep(0.2)  # the handler is waiting for the rest of the body
+        assert await call.cut() == 0
+        (row,) = await settled_rows(server, key, 1)
+        assert (row["status"], row["prompt_tokens"], row["completion_tokens"]) == ("cancelled", 0, 0), dict(row)
+        assert "disconnected" in row["error"]
+        usage = quota_of(server, key)
+        assert (usage["used_tokens"], usage["reserved_tokens"]) == (0, 0)
+
+
 async def test_disconnect_mid_decode_frees_the_kv_cache_and_charges_the_tokens(server: Server) -> None:
     """Six streams and two plain requests, cut once every one has produced output (its row is running)."""
     key = server.new_key("cut-in-decode")
