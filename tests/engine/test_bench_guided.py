@@ -16,5 +16,7 @@ def test_the_guided_benchmark_prints_both_mixes_and_the_bars(capsys: pytest.Capt
     plain = re.search(r"unconstrained: +([\d.]+) ms per step .* guided work +([\d.]+)", out)
     constrained = re.search(r"2 constrained: +([\d.]+) ms per step .* guided work +([\d.]+)", out)
     assert plain and constrained, out
-    assert float(plain.group(2)) == 0.0 and float(constrained.group(2)) > 0.0  # the constrained rows did guided work
+    # Only the constrained rows do guided work; the plain mix's is the calls that find no matcher (0.00 or
+    # 0.01 ms per step, as the machine's load goes).
+    assert float(constrained.group(2)) > 0.0 and float(plain.group(2)) < float(constrained.group(2)) / 5, out
     assert re.search(r"overhead: [+-][\d.]+ ms per step .*throughput [\d.]+x", out), out
