@@ -56,6 +56,7 @@ class EngineConfig:
     seed: int = 0
     cache_dir: str | None = None
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
+    prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/prepack.py); off to compare
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 
     def __post_init__(self) -> None:

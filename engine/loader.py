@@ -30,6 +30,7 @@ from engine.config import EngineConfig
 from engine.errors import ModelLoadError
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 from engine.load_progress import bars_as_lines, heartbeat
+from engine.prepack import prepack_linears, prepack_supported
 from engine.presets import PRESETS, build_random_model, get_preset
 from engine.sources import RANDOM_PREFIX, default_model_path
 
@@ -112,6 +113,9 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source_dir)
     model.eval()
     model.requires_grad_(False)
+    if config.prepack and prepack_supported(device, dtype):
+        with _step("laying out the linear layers for oneDNN"):
+            report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
     with _step(f"reading the shape of {name}"):
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
