@@ -3,11 +3,13 @@ engine dying mid-request and coming back, and the drain at shutdown."""
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from litestar import Litestar
 
 from tests.web.conftest import METRICS_TOKEN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows, sse_events
@@ -25,13 +27,14 @@ async def call_then_disconnect(
     until: Callable[[], bool] | None = None,
     mid_body: bool = False,
     statuses: list[int] | None = None,
+    path: str = "/v1/chat/completions",
 ) -> list[bytes]:
     """Drive the ASGI app like a server whose client goes away after some body chunks or some seconds, or
     (mid_body) halfway through sending its body; `statuses` collects the response's status."""
     raw = json.dumps(body).encode()
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+        "path": path, "raw_path": path.encode(), "query_string": b"",
         "root_path": "", "client": ("10.9.8.7", 4000), "server": ("appliance", 80),
         "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
                     (b"content-length", str(len(raw)).encode())],
@@ -124,6 +127,22 @@ async def test_a_client_gone_before_its_body_was_read_is_cancelled_not_refused(
     assert 'appliance_requests_total{status="cancelled"} 1.0' in scraped
     assert not [line for line in scraped.splitlines() if line.startswith("appliance_requests_rejected_total{")]
     assert not in_loop.gateway.inflight and in_loop.gateway.limiter.in_flight(1) == 0
+
+
+async def test_a_messages_client_gone_before_its_body_was_read_gets_the_same(
+    in_loop: InLoop, db: sqlite3.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Messages API restates error bodies in Anthropic's shape; the empty 499 is none, and is left as it is."""
+    key = await new_key(in_loop.http)
+    statuses: list[int] = []
+    body = {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    with caplog.at_level(logging.ERROR):
+        await call_then_disconnect(in_loop.app, key, body, mid_body=True, statuses=statuses, path="/v1/messages")
+    await in_loop.gateway.writer.flush()
+    assert statuses == [499]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    (row,) = rows(db, "SELECT status, error, endpoint FROM requests")
+    assert (row["status"], row["endpoint"]) == ("cancelled", "messages") and "disconnected" in row["error"]
 
 
 async def test_non_stream_disconnect_mid_generation(in_loop: InLoop, db: sqlite3.Connection) -> None:

@@ -70,7 +70,8 @@ def on_messages_paths(handlers: Mapping[int | type[Exception], Handler]) -> dict
         def handle(request: Request[Any, Any, Any], exc: Any) -> Response[Any]:
             response = handler(request, exc)
             path = request.url.path
-            if path == PATH or path.startswith(PATH + "/"):
+            # An error body to restate: a client gone early gets an empty 499, which is left as it is.
+            if isinstance(response.content, dict) and (path == PATH or path.startswith(PATH + "/")):
                 return restated(response)
             return response
 

@@ -17,7 +17,6 @@ from web.anthropic.formatting import content_of, stop_reason, usage_of
 from web.anthropic.schemas import MessageBody, TokenCount, encoder
 from web.anthropic.streaming import MessageFrames
 from web.errors import AppError
-from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 from web.generation.intake import new_log, read_body
 from web.history.record import RequestLog
 from web.keys.service import KeyInfo
@@ -63,10 +62,7 @@ async def create_message(
             response = await start_stream(request, generation, frames.frames, frames.closing, errors.event_of, b"")
             response.headers.update(_ids(log))
             return response
-        try:
-            done = await collect(request, generation)
-        except ClientDisconnected:
-            return Response(b"", status_code=CLIENT_CLOSED)
+        done = await collect(request, generation)  # a client gone meanwhile: ClientDisconnected, a 499 (web/errors)
     content, called = content_of(done.text, prepared.tools)
     reason, sequence = stop_reason(done.final, called)
     message = MessageBody(log.id, log.model, content, reason, sequence, usage_of(log))
