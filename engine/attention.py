@@ -6,6 +6,7 @@ attention interface under ATTENTION_NAME, so the model definition stays transfor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +14,11 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 ATTENTION_NAME = "appliance_paged"
+# A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
+# blocks' worth. Bundled model, bf16, one thread, decodes of lognormal contexts (mean ~210): ms per step at
+# batch 8/32/64 with one padded group 53/168/1260, with a cost of 0 (a group per length) 74/182/288, of 16
+# 55/141/240, of 32 57/145/224, of 64 55/140/215.
+GROUP_COST_BLOCKS = 48
 
 
 @dataclass(slots=True)
@@ -23,6 +29,17 @@ class PrefillSeq:
     num_tokens: int
     context_slots: torch.Tensor | None  # pool slots of the whole context; None when nothing was computed before
     mask: torch.Tensor | None  # [num_tokens, context_len] causal mask with offset; None with context_slots
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Decoding requests [start, stop) of the flat batch, whose blocks are gathered together, each row padded to
+    the group's longest; the runner sorts decodes longest first, so a group's rows are of like lengths."""
+
+    start: int
+    stop: int
+    blocks: torch.Tensor  # [(stop - start) * max_blocks] block ids, each row padded (with block 0)
+    bias: torch.Tensor  # [1, stop - start, 1, max_blocks * block_size] fp32: 0 or -inf (padding, beyond the context)
 
 
 @dataclass(slots=True)
@@ -38,8 +55,7 @@ class AttentionMetadata:
     value_cache: list[torch.Tensor]
     block_size: int = 16
     num_decodes: int = 0
-    decode_blocks: torch.Tensor | None = None  # [num_decodes * max_blocks] block ids, each row padded
-    decode_bias: torch.Tensor | None = None  # [1, num_decodes, 1, max_blocks * block_size] fp32: 0 or -inf
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
 
 
@@ -64,8 +80,8 @@ def paged_attention(
 
     q = query[0]  # [H, T, D]
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
-    if meta.num_decodes:
-        out[: meta.num_decodes] = _decode_attention(q[:, : meta.num_decodes], k_cache, v_cache, meta, scaling)
+    for g in meta.decode_groups:
+        out[g.start : g.stop] = _decode_attention(q[:, g.start : g.stop], k_cache, v_cache, g, meta.block_size, scaling)
     for p in meta.prefills:
         qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
         if p.context_slots is None:
@@ -80,26 +96,58 @@ def paged_attention(
     return out.unsqueeze(0), None
 
 
+def plan_decode_groups(num_blocks: Sequence[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:
+    """Split requests sorted longest first (their block counts, non-increasing) into groups [start, stop) that
+    minimise the blocks gathered, each row padded to its group's longest, plus group_cost per group.
+
+    One padded group for all is what a long request among short ones makes costly: the gathers and matmuls
+    grow with the longest context times the batch (3x the real blocks in the served benchmark's mix). The
+    search is exact: a group starts where the counts change (splitting equal counts never pays), and
+    dynamic programming over those starts is quadratic in the distinct counts, a few dozen at most.
+    """
+    n = len(num_blocks)
+    if n == 0:
+        return []
+    starts = [i for i in range(n) if i == 0 or num_blocks[i] != num_blocks[i - 1]] + [n]
+    best = [0] + [-1] * (len(starts) - 1)  # best[b]: least cost of requests [0, starts[b])
+    cut = [0] * len(starts)
+    for b in range(1, len(starts)):
+        stop = starts[b]
+        for a in range(b):
+            cost = best[a] + (stop - starts[a]) * num_blocks[starts[a]] + group_cost
+            if best[b] < 0 or cost < best[b]:
+                best[b], cut[b] = cost, a
+    groups, b = [], len(starts) - 1
+    while b > 0:
+        groups.append((starts[cut[b]], starts[b]))
+        b = cut[b]
+    return groups[::-1]
+
+
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scaling: float | None
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    block_size: int,
+    scaling: float | None,
 ) -> torch.Tensor:
-    """q [H, B, D], one query per request -> [B, H, D].
+    """q [H, B, D], one query per request of the group -> [B, H, D].
 
     Whole blocks are copied out with one index_select per tensor (rows of block_size * head_dim), already in
     the [KVH, B, L, D] order the two batched matmuls want: per-slot gathers and SDPA's CPU kernel took 2.7x
     (fp32) to 10x (bf16) as long on one core at 64 requests. Scores are small, so the softmax runs in fp32.
     """
-    assert meta.decode_blocks is not None and meta.decode_bias is not None
     kv_heads, num_slots, head_dim = k_cache.shape
     heads, batch, _ = q.shape
-    length = meta.decode_bias.shape[-1]
-    rows = (kv_heads, num_slots // meta.block_size, meta.block_size * head_dim)
-    k = k_cache.view(rows).index_select(1, meta.decode_blocks).view(kv_heads, batch, length, head_dim)
-    v = v_cache.view(rows).index_select(1, meta.decode_blocks).view(kv_heads, batch, length, head_dim)
+    length = group.bias.shape[-1]
+    rows = (kv_heads, num_slots // block_size, block_size * head_dim)
+    k = k_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
+    v = v_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
     # Query head h reads KV head h // group, as SDPA's enable_gqa does.
     qg = q.view(kv_heads, heads // kv_heads, batch, head_dim).transpose(1, 2).to(k.dtype)
     scale = scaling if scaling is not None else head_dim**-0.5
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale + meta.decode_bias
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale + group.bias
     probs = scores.softmax(dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)  # [KVH, B, group, D]
     return out.permute(1, 0, 2, 3).reshape(batch, heads, head_dim).to(q.dtype)

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import ATTENTION_NAME, AttentionMetadata, PrefillSeq
+from engine.attention import (
+    ATTENTION_NAME,
+    GROUP_COST_BLOCKS,
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillSeq,
+    plan_decode_groups,
+)
 from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache
 from engine.sampler import SampleResult, TopLogprobs, sample
@@ -37,6 +44,7 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self._generators: dict[str, torch.Generator] = {}
         self.guided = guided
+        self.group_cost = GROUP_COST_BLOCKS  # decode attention's grouping (engine.attention.plan_decode_groups)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
@@ -46,7 +54,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]) -> StepResult:
-        decodes = [s for s in scheduled if s.num_new_tokens == 1]
+        # Longest context first: decode attention gathers groups of like lengths (engine.attention).
+        decodes = sorted((s for s in scheduled if s.num_new_tokens == 1), key=_context_len, reverse=True)
         prefills = [s for s in scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
         input_ids: list[int] = []
@@ -121,22 +130,25 @@ class ModelRunner:
     def _decode_metadata(
         self, meta: AttentionMetadata, decodes: list[ScheduledRequest], block_tables: dict[str, list[int]]
     ) -> None:
+        """decodes: sorted longest context first."""
         if not decodes:
             return
         bs = self.block_size
-        context_lens = [s.request.num_computed_tokens + 1 for s in decodes]
-        max_blocks = (max(context_lens) + bs - 1) // bs
-        flat: list[int] = []
-        for s, n in zip(decodes, context_lens, strict=True):
-            table = block_tables[s.request.request_id][: (n + bs - 1) // bs]
-            flat.extend(table)
-            # Padding reads block 0; the bias below hides it.
-            flat.extend([0] * (max_blocks - len(table)))
-        meta.decode_blocks = self._tensor(flat)
-        positions = torch.arange(max_blocks * bs, device=self.device)
-        beyond = positions.unsqueeze(0) >= self._tensor(context_lens).unsqueeze(1)
-        bias = torch.zeros(beyond.shape, dtype=torch.float32, device=self.device).masked_fill_(beyond, float("-inf"))
-        meta.decode_bias = bias.view(1, len(decodes), 1, -1)
+        context_lens = [_context_len(s) for s in decodes]
+        num_blocks = [(n + bs - 1) // bs for n in context_lens]
+        for start, stop in plan_decode_groups(num_blocks, self.group_cost):
+            max_blocks = num_blocks[start]
+            flat: list[int] = []
+            for s, n in zip(decodes[start:stop], num_blocks[start:stop], strict=True):
+                flat.extend(block_tables[s.request.request_id][:n])
+                # Padding reads block 0; the bias below hides it.
+                flat.extend([0] * (max_blocks - n))
+            positions = torch.arange(max_blocks * bs, device=self.device)
+            beyond = positions.unsqueeze(0) >= self._tensor(context_lens[start:stop]).unsqueeze(1)
+            bias = torch.zeros(beyond.shape, dtype=torch.float32, device=self.device).masked_fill_(
+                beyond, float("-inf")
+            )
+            meta.decode_groups.append(DecodeGroup(start, stop, self._tensor(flat), bias.view(1, stop - start, 1, -1)))
         meta.num_decodes = len(decodes)
 
     def _prefill_metadata(
@@ -162,3 +174,8 @@ class ModelRunner:
                 mask = keys.unsqueeze(0) <= queries.unsqueeze(1)
                 meta.prefills.append(PrefillSeq(start, n, context_slots, mask))
             start += n
+
+
+def _context_len(s: ScheduledRequest) -> int:
+    """A decoding request's context this step: what it computed before and the token it computes now."""
+    return s.request.num_computed_tokens + 1

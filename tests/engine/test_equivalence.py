@@ -11,6 +11,7 @@ import torch
 from transformers import GenerationConfig
 
 from engine import EngineConfig, SamplingParams
+from engine import runner as runner_module
 from engine.core import EngineCore
 from engine.messages import RequestOutput
 from engine.scheduler import SchedulerOutput
@@ -85,7 +86,21 @@ def tiny_core() -> EngineCore:
     return EngineCore(config)
 
 
-def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(tiny_core: EngineCore) -> None:
+@pytest.mark.parametrize("group_cost", [None, 0], ids=["default-groups", "a-group-per-length"])
+def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(
+    tiny_core: EngineCore, group_cost: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups: list[int] = []
+    plan = runner_module.plan_decode_groups
+
+    def counted(num_blocks: list[int], cost: int) -> list[tuple[int, int]]:
+        planned = plan(num_blocks, cost)
+        groups.append(len(planned))
+        return planned
+
+    monkeypatch.setattr(runner_module, "plan_decode_groups", counted)
+    if group_cost is not None:
+        monkeypatch.setattr(tiny_core.runner, "group_cost", group_cost)
     rng = random.Random(7)
     vocab = tiny_core.vocab_size
     shared = [rng.randrange(100, vocab) for _ in range(80)]
@@ -105,6 +120,8 @@ def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(t
     assert tiny_core.scheduler.num_preemptions > 0, "the pool was meant to force preemptions"
     assert trace.chunked > 0, "the token budget was meant to force chunked prefill"
     assert tiny_core.blocks.prefix_hits > 0, "shared prefixes were meant to hit the prefix cache"
+    if group_cost == 0:
+        assert max(groups) > 3, "decodes of different lengths were meant to attend in several groups"
     for rid, prompt, params in requests:
         want = reference(tiny_core, prompt, params.max_tokens, ignore_eos=True)
         assert got[rid] == want, f"{rid} (prompt {len(prompt)} tokens) diverged"
