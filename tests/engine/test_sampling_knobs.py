@@ -12,7 +12,7 @@ import torch
 
 from engine import LLM, EngineConfig, InvalidRequestError, SamplingParams
 from engine.penalties import apply_penalties
-from engine.sampler import sample
+from engine.sampler import DRAW_BLOCK, sample
 
 
 @dataclass
@@ -231,3 +231,20 @@ def test_logit_bias_beyond_the_vocabulary_is_refused_at_admission(llm: LLM) -> N
     assert refused.value.param == "logit_bias"
     last = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, logit_bias=((vocab - 1, 100.0),))
     assert llm.generate(["hi"], last)[0].token_ids == [vocab - 1] * 2
+
+
+def test_draws_across_blocks_and_the_vocabulary_tail_follow_the_probabilities() -> None:
+    # 1,000 words: three full blocks of the two-level draw and a tail of 232; the mass sits in all four.
+    assert DRAW_BLOCK == 256
+    mass = {5: 0.3, 300: 0.25, 700: 0.25, 999: 0.2}
+    logits = [math.log(mass[i]) if i in mass else float("-inf") for i in range(1000)]
+    counts = draws(logits, SamplingParams(temperature=1.0), 4000)
+    assert set(counts) <= set(mass), counts
+    assert all(abs(counts[i] / 4000 - p) < 0.025 for i, p in mass.items()), counts
+
+
+def test_a_flat_row_is_drawn_evenly_over_every_block() -> None:
+    counts = draws([0.0] * 1000, SamplingParams(temperature=1.0), 4000)
+    per_block = Counter(min(token // DRAW_BLOCK, 3) for token in counts.elements())
+    shares = {b: per_block[b] / 4000 for b in range(4)}
+    assert all(abs(shares[b] - (256 if b < 3 else 232) / 1000) < 0.03 for b in range(4)), shares
