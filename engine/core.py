@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.allocator import keep_freed_memory
 from engine.attention import ATTENTION_NAME
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -60,6 +61,7 @@ class EngineCore:
         self.loaded = loaded or load_model(config, progress, attn_implementation=ATTENTION_NAME)
         if self.loaded.device.type == "cpu":
             torch.set_num_threads(config.effective_cpu_threads)
+            keep_freed_memory()  # after the load, whose buffers are freed for good
         self.tokenizer = self.loaded.tokenizer
         if progress:
             progress("sizing the KV cache")
