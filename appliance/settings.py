@@ -65,16 +65,14 @@ class Settings:
         "Model: default (bundled SmolLM2-135M-Instruct), a HF directory, a .gguf or random:<preset>.",
     )
     served_model_name: str | None = setting(None, "Model name the API answers to (default: the model's own name).")
-    quantization: str = setting(
-        "auto", "Weight quantization: auto (nf4 on CUDA and on CPUs with AVX512-BF16, else none), none, nf4, fp4, int8."
-    )
+    quantization: str = setting("auto", "Weight quantization: auto (nf4 on CUDA, none on a CPU), none, nf4, fp4, int8.")
     dtype: str = setting(
         "auto",
         "Compute dtype: auto (bfloat16 on CUDA and on CPUs with native bf16 matmuls, else float32), float32, "
         "bfloat16 or float16.",
     )
     device: str = setting("auto", "Device: auto, cpu, cuda or cuda:N.")
-    max_num_seqs: int = setting(64, "Most requests decoded together in one batch.")
+    max_num_seqs: int = setting(128, "Most requests decoded together in one batch.")
     max_num_batched_tokens: int = setting(512, "Most tokens (prefill + decode) computed in one engine step.")
     max_queue: int = setting(1024, "Most requests waiting for a seat; beyond it requests get 503 + Retry-After.")
     policy: str = setting(

@@ -10,7 +10,7 @@ from typing import Literal
 from engine.errors import ConfigError
 from engine.logs import LEVELS
 
-# auto: nf4 on CUDA and on CPUs with AVX512-BF16, else none (engine.hardware says why).
+# auto: nf4 on CUDA, none on a CPU (engine.hardware says why).
 Quantization = Literal["auto", "none", "nf4", "fp4", "int8"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 # fair: continuous batching, tenants admitted by their fair-share counters (engine.fair); fcfs: continuous
@@ -48,7 +48,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     gpu_memory_cap_bytes: int | None = None  # never use more of the card than this (emulate a smaller card)
     max_model_len: int | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     max_queue: int = 1024
     policy: Policy = "fair"

@@ -104,7 +104,7 @@ def test_the_auto_choices_follow_the_cpu_flags(data_dir: Path, monkeypatch: pyte
     assert forced.level == "warn" and "float32 is faster" in forced.message
     monkeypatch.setattr("appliance.doctor.cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     fast = doctor(data_dir=str(data_dir), device="cpu").check_compute()
-    assert "quantization nf4, chosen by auto; compute dtype bfloat16, chosen by auto" in fast.message
+    assert "quantization none, chosen by auto; compute dtype bfloat16, chosen by auto" in fast.message
 
 
 def test_front_end_assets_missing_or_not_the_pinned_ones_fail(
@@ -122,17 +122,16 @@ def test_front_end_assets_missing_or_not_the_pinned_ones_fail(
     assert f"{ASSETS[1].target} is missing" in finding.message
 
 
-@pytest.mark.parametrize(("flags", "chosen"), [(frozenset({"avx2"}), "none"), (frozenset({"avx512_bf16"}), "nf4")])
+@pytest.mark.parametrize("flags", [frozenset({"avx2"}), frozenset({"avx512_bf16"})])
 def test_auto_quantization_is_checked_as_the_engine_resolves_it(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], chosen: str
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]
 ) -> None:
     monkeypatch.setattr(doctor_module, "cpu_flags", lambda: flags)
     finding = doctor(data_dir=str(data_dir), quantization="auto", device="cpu").check_bitsandbytes()
     assert finding.level != "fail", finding.message
-    if chosen == "none":
-        assert "skipped: quantization none, chosen by auto" in finding.message
-    else:
-        assert "runs nf4 on cpu" in finding.message
+    assert "skipped: quantization none, chosen by auto" in finding.message
+    forced = doctor(data_dir=str(data_dir), quantization="nf4", device="cpu").check_bitsandbytes()
+    assert forced.level != "fail" and "runs nf4 on cpu" in forced.message
 
 
 @pytest.mark.skipif(any(glob.glob(p) for p in GPU_NODES), reason="a GPU may be usable here: torch is asked")

@@ -172,7 +172,7 @@ def test_device_and_dtype_resolution() -> None:
     assert resolve_dtype("float32", cpu, frozenset({"avx512_bf16"})) == torch.float32
     # nf4 only where bitsandbytes' 4-bit CPU kernel is fast; an explicit choice is kept.
     assert resolve_quantization("auto", cpu, frozenset({"avx2"})) == "none"
-    assert resolve_quantization("auto", cpu, frozenset({"avx512_bf16"})) == "nf4"
+    assert resolve_quantization("auto", cpu, frozenset({"avx512_bf16"})) == "none"
     assert resolve_quantization("auto", torch.device("cuda"), frozenset()) == "nf4"
     assert resolve_quantization("int8", cpu, frozenset({"avx512_bf16"})) == "int8"
     if torch.cuda.is_available():
