@@ -15,9 +15,9 @@ from transformers import AttentionInterface
 
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
-# blocks' worth. Bundled model, bf16, one thread, decodes of lognormal contexts (mean ~210): ms per step at
-# batch 8/32/64 with one padded group 53/168/1260, with a cost of 0 (a group per length) 74/182/288, of 16
-# 55/141/240, of 32 57/145/224, of 64 55/140/215.
+# blocks' worth. `python -m engine.bench.steps --variants none/bfloat16 --batches 8,32,64,128 --context 160
+# --sigma 0.8 --group-costs one,48` (bundled model, one thread), ms per decode step: one padded group
+# 65/264/492/1014, grouped 70/150/253/438; costs of 16 to 64 measured alike, 0 (a group per length) slower.
 GROUP_COST_BLOCKS = 48
 
 

@@ -41,10 +41,11 @@ def auto_quantization(device_type: str, flags: frozenset[str]) -> str:
 
     Without AVX512-BF16 bitsandbytes' 4-bit kernel is several times slower than plain matmuls (53 against 207 tok/s
     in the engine benchmark). With it, nf4 was the faster choice until the bf16 linear layers were prepacked in
-    oneDNN's layout (engine.prepack): now nf4 only wins for a lone user. `python -m engine.bench.steps`, 2-core
-    AVX512-BF16 EPYC, one thread, ms per decode step at batch 1/16/64/128: none 48-51/72-78/161-166/246-249, nf4
-    36/77-82/202-213/322-327; served, 128 chats at 6/s (`python -m appliance.bench_served`): none 145.5 output tok/s,
-    nf4 127.8. `flags` stays in the signature: the choice is the CPU's to make, and may be again."""
+    oneDNN's layout (engine.prepack): now nf4 only wins at small batches. `python -m engine.bench.steps --variants
+    none/bfloat16,nf4/bfloat16 --batches 1,16,64,128`, 2-core AVX512-BF16 EPYC, one thread, ms per decode step:
+    none 47.1/78.5/170.7/337.8, nf4 39.2/74.2/217.1/437.4; served, 128 chats at 6/s (`python -m
+    appliance.bench_served`): none 145.5 output tok/s, nf4 127.8. `flags` stays in the signature: the choice is
+    the CPU's to make, and may be again."""
     return "nf4" if device_type == "cuda" else "none"
 
 

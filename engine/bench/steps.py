@@ -4,6 +4,8 @@ sizes, and (--profile) where a step's time goes, by torch.profiler. It is how th
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import sys
 import time
 from collections import defaultdict
@@ -24,25 +26,40 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="default")
     p.add_argument("--variants", default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16")
     p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--context", type=int, default=64, help="prompt tokens of every request")
+    p.add_argument("--context", type=int, default=64, help="prompt tokens of every request (the median with --sigma)")
+    p.add_argument("--sigma", type=float, default=0.0, help="lognormal spread of the contexts (0: all alike)")
+    p.add_argument(
+        "--group-costs",
+        default="",
+        help="decode attention's group cost per row, comma-separated ('one': a single padded group; '': the default)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu-threads", type=int, default=1, help="the served engine's count on a 2-core machine")
     p.add_argument("--profile", action="store_true", help="also print a per-part breakdown of the largest batch")
     return p.parse_args(argv)
 
 
-def decoding_core(base: EngineConfig, batch: int, context: int, steps: int) -> EngineCore:
-    """An engine whose `batch` requests have finished their prompts and are all decoding."""
-    core = EngineCore(replace(base, max_num_seqs=batch, max_num_batched_tokens=max(512, batch)), loaded=_loaded(base))
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        core.add_request(f"s{i}", [100 + (i * 7 + j) % 4000 for j in range(context)], params)
-    while any(r.num_computed_tokens < context for r in core.scheduler.running) or core.scheduler.waiting:
+def decoding_core(base: EngineConfig, batch: int, context: int, steps: int, sigma: float = 0.0) -> EngineCore:
+    """An engine whose `batch` requests have finished their prompts and are all decoding; with sigma, prompts of
+    seeded lognormal lengths around `context` (capped at 1,536 tokens)."""
+    budget = max(512, batch)
+    core = EngineCore(replace(base, max_num_seqs=batch, max_num_batched_tokens=budget), loaded=_loaded(base))
+    rng = random.Random(0)
+    lengths = [
+        min(1536, max(1, round(context * math.exp(rng.gauss(0.0, sigma))))) if sigma else context for _ in range(batch)
+    ]
+    # The first requests decode while the last ones prefill: enough tokens that none ends before the measurement.
+    prefill_steps = sum(lengths) // budget + 1
+    params = SamplingParams(max_tokens=steps + prefill_steps + 8, temperature=0.0, ignore_eos=True)
+    for i, n in enumerate(lengths):
+        core.add_request(f"s{i}", [100 + (i * 7 + j) % 4000 for j in range(n)], params)
+    while core.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in core.scheduler.running):
         core.step()
     core.step()
     return core
 
 
+ONE_GROUP = 1 << 30  # a group cost no split can pay for: every decode in one padded group
 _cache: dict[tuple[str, str], LoadedModel] = {}
 
 
@@ -80,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     print(f"torch {torch.__version__}, {args.cpu_threads} thread(s), context {args.context}", file=sys.stderr)
     print(f"{'variant':>16} | " + " | ".join(f"batch {b:>3}" for b in batches))
+    costs = [c.strip() for c in args.group_costs.split(",") if c.strip()] or [""]
     for variant in args.variants.split(","):
         quantization, dtype = variant.split("/")
         base = EngineConfig(
@@ -89,13 +107,18 @@ def main(argv: list[str] | None = None) -> int:
             device="cpu",
             cpu_threads=args.cpu_threads,
         )
-        cells = []
+        cells: dict[str, list[float]] = {cost: [] for cost in costs}
         for b in batches:
-            core = decoding_core(base, b, args.context, args.steps)
-            cells.append(f"{step_ms(core, args.steps):7.1f}ms")
-        print(f"{variant:>16} | " + " | ".join(cells), flush=True)
+            core = decoding_core(base, b, args.context, args.steps * len(costs), args.sigma)
+            for cost in costs:  # the costs take turns on one engine, so a drifting machine favours none
+                if cost:
+                    core.runner.group_cost = ONE_GROUP if cost == "one" else int(cost)
+                cells[cost].append(step_ms(core, args.steps))
+        for cost, row in cells.items():
+            label = f"{variant} g={cost}" if cost else variant
+            print(f"{label:>16} | " + " | ".join(f"{ms:7.1f}ms" for ms in row), flush=True)
         if args.profile:
-            core = decoding_core(base, batches[-1], args.context, args.steps)
+            core = decoding_core(base, batches[-1], args.context, args.steps, args.sigma)
             for name, ms in breakdown(core, args.steps).items():
                 print(f"    {ms:8.2f} ms  {name}")
     return 0
