@@ -46,7 +46,7 @@ class DecodeGroup:
 class AttentionMetadata:
     """Built once per step by the runner and shared by every layer.
 
-    The flat batch holds the decode tokens first (one per request, positions [0, num_decodes)), then the
+    The flat batch holds the decode tokens first (one per request, in decode_groups' order), then the
     prefill chunks in order.
     """
 
@@ -54,7 +54,6 @@ class AttentionMetadata:
     key_cache: list[torch.Tensor]  # per layer [kv_heads, num_slots, head_dim]
     value_cache: list[torch.Tensor]
     block_size: int = 16
-    num_decodes: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
 
@@ -101,7 +100,7 @@ def plan_decode_groups(num_blocks: Sequence[int], group_cost: int = GROUP_COST_B
     minimise the blocks gathered, each row padded to its group's longest, plus group_cost per group.
 
     One padded group for all is what a long request among short ones makes costly: the gathers and matmuls
-    grow with the longest context times the batch (3x the real blocks in the served benchmark's mix). The
+    grow with the longest context times the batch (3-5x the real blocks in the served benchmark's mix). The
     search is exact: a group starts where the counts change (splitting equal counts never pays), and
     dynamic programming over those starts is quadratic in the distinct counts, a few dozen at most.
     """

@@ -149,7 +149,6 @@ class ModelRunner:
                 beyond, float("-inf")
             )
             meta.decode_groups.append(DecodeGroup(start, stop, self._tensor(flat), bias.view(1, stop - start, 1, -1)))
-        meta.num_decodes = len(decodes)
 
     def _prefill_metadata(
         self,
