@@ -41,6 +41,29 @@ class DecodeGroup:
     blocks: torch.Tensor  # [(stop - start) * max_blocks] block ids, each row padded (with block 0)
     bias: torch.Tensor  # [1, stop - start, 1, max_blocks * block_size] fp32: 0 or -inf (padding, beyond the context)
 
+    @classmethod
+    def build(
+        cls,
+        start: int,
+        tables: Sequence[Sequence[int]],
+        context_lens: Sequence[int],
+        block_size: int,
+        device: torch.device,
+    ) -> DecodeGroup:
+        """The group of the requests whose block tables (each cut to its context's blocks) and context lengths
+        are given, longest first, starting at `start` in the flat batch."""
+        max_blocks = len(tables[0])
+        flat: list[int] = []
+        for table in tables:
+            flat.extend(table)
+            flat.extend([0] * (max_blocks - len(table)))  # padding reads block 0; the bias hides it
+        positions = torch.arange(max_blocks * block_size, device=device)
+        beyond = positions.unsqueeze(0) >= torch.tensor(list(context_lens), device=device).unsqueeze(1)
+        bias = torch.zeros(beyond.shape, dtype=torch.float32, device=device).masked_fill_(beyond, float("-inf"))
+        rows = len(tables)
+        blocks = torch.tensor(flat, dtype=torch.long, device=device)
+        return cls(start, start + rows, blocks, bias.view(1, rows, 1, -1))
+
 
 @dataclass(slots=True)
 class AttentionMetadata:

@@ -136,19 +136,10 @@ class ModelRunner:
         bs = self.block_size
         context_lens = [_context_len(s) for s in decodes]
         num_blocks = [(n + bs - 1) // bs for n in context_lens]
+        tables = [block_tables[s.request.request_id][:n] for s, n in zip(decodes, num_blocks, strict=True)]
         for start, stop in plan_decode_groups(num_blocks, self.group_cost):
-            max_blocks = num_blocks[start]
-            flat: list[int] = []
-            for s, n in zip(decodes[start:stop], num_blocks[start:stop], strict=True):
-                flat.extend(block_tables[s.request.request_id][:n])
-                # Padding reads block 0; the bias below hides it.
-                flat.extend([0] * (max_blocks - n))
-            positions = torch.arange(max_blocks * bs, device=self.device)
-            beyond = positions.unsqueeze(0) >= self._tensor(context_lens[start:stop]).unsqueeze(1)
-            bias = torch.zeros(beyond.shape, dtype=torch.float32, device=self.device).masked_fill_(
-                beyond, float("-inf")
-            )
-            meta.decode_groups.append(DecodeGroup(start, stop, self._tensor(flat), bias.view(1, stop - start, 1, -1)))
+            group = DecodeGroup.build(start, tables[start:stop], context_lens[start:stop], bs, self.device)
+            meta.decode_groups.append(group)
 
     def _prefill_metadata(
         self,

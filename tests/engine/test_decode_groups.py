@@ -50,11 +50,7 @@ def test_the_plan_is_the_cheapest_split(seed: int) -> None:
 
 
 def group(tables: list[list[int]], lens: list[int], start: int, stop: int, block_size: int) -> DecodeGroup:
-    width = max(len(t) for t in tables[start:stop])
-    flat = [b for t in tables[start:stop] for b in t + [0] * (width - len(t))]
-    beyond = torch.arange(width * block_size).unsqueeze(0) >= torch.tensor(lens[start:stop]).unsqueeze(1)
-    bias = torch.zeros(beyond.shape).masked_fill_(beyond, float("-inf")).view(1, stop - start, 1, -1)
-    return DecodeGroup(start, stop, torch.tensor(flat), bias)
+    return DecodeGroup.build(start, tables[start:stop], lens[start:stop], block_size, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
