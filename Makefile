@@ -6,10 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Touched once every pinned asset is in web/static/vendor/ (assets.py skips files that already have their hash).
 ASSETS := $(VENV)/.assets
-# Debian packages: npm fetches the front-end assets; the rest only the tests use (postgresql: tests/postgres starts
-# its own server from the binaries under /usr/lib/postgresql/N/bin; pg_ctlcluster on PATH says they are there).
-RUN_APT := npm=npm
-TEST_APT := npm=npm chromium=chromium shellcheck=shellcheck systemd-analyze=systemd pg_ctlcluster=postgresql
+# Debian packages: npm fetches the front-end assets; gcc builds the engine's decode attention for this CPU at each
+# start (engine/decode_kernel.py; without it the engine falls back to torch's, slower); the rest only the tests use
+# (postgresql: tests/postgres starts its own server from the binaries under /usr/lib/postgresql/N/bin;
+# pg_ctlcluster on PATH says they are there).
+RUN_APT := npm=npm cc=gcc
+TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analyze=systemd pg_ctlcluster=postgresql
 
 .PHONY: setup run test lint typecheck pytest bench sysdeps-run sysdeps-test clean vllm-env
 

@@ -197,6 +197,12 @@ check_python() {
         error "$PYTHON cannot make virtual environments: install its venv module (Debian/Ubuntu: python3-venv)"
 }
 
+check_compiler() {
+    # Not required: without a C compiler the engine keeps torch's decode attention, which is slower on a CPU.
+    command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 ||
+        warning "no C compiler: the engine's faster decode attention is built at each start with one (Debian/Ubuntu: apt install gcc); until then it uses torch's"
+}
+
 create_service_user() {
     if ! id "$SERVICE_USER" >/dev/null 2>&1; then
         need_command useradd "the service user is created with it (package passwd or shadow-utils)"
@@ -453,6 +459,7 @@ print_summary() {
 install_appliance() {
     check_source
     check_python
+    check_compiler
     need_command tar "the source is copied with it"
     if [ "$SYSTEMD" = 1 ]; then
         need_command runuser "it runs commands as the service user (package util-linux)"

@@ -19,6 +19,7 @@ from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.probes import Gpu, cpu_flag, nvidia_gpus
 from appliance.settings import Settings
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe, has_native_bf16
+from engine.kernel_build import KernelBuildError, build_kernel
 from web.console.render import fmt_bytes
 
 # Where one of these exists a GPU may be usable, and only then is torch imported (seconds) to ask it: NVIDIA's
@@ -42,6 +43,7 @@ class Doctor(HostChecks):
             self.check_memory,
             self.check_bitsandbytes,
             self.check_compute,
+            self.check_decode_attention,
             self.check_model,
             self.check_data_dir,
             self.check_database,
@@ -273,6 +275,25 @@ class Doctor(HostChecks):
         if not self.cuda and chosen == "bfloat16" and not has_native_bf16(cpu_flags()):
             return Finding(WARN, "compute", f"{summary}: this CPU emulates bf16, float32 is faster (APPLIANCE_DTYPE)")
         return Finding(OK, "compute", summary)
+
+    def check_decode_attention(self) -> Finding:
+        """Whether the engine can build its compiled attention here (engine.kernel_build): a C compiler, and a
+        temporary directory the built library loads from. Built for the model's head size; the engine builds
+        its own at start for the model's whole shape."""
+        mode = self.settings.decode_attention
+        if self.cuda or mode == "torch":
+            why = "on CUDA" if self.cuda else "as APPLIANCE_DECODE_ATTENTION says"
+            return Finding(INFO, "decode attention", f"torch's, {why}")
+        head_dim = self.shape.head_dim if isinstance(self.shape, Shape) else 64
+        try:
+            _, seconds = build_kernel("float32", head_dim, 1, 1)
+        except KernelBuildError as exc:
+            if mode == "compiled":
+                return Finding(FAIL, "decode attention", f"APPLIANCE_DECODE_ATTENTION=compiled, but {exc}")
+            return Finding(
+                WARN, "decode attention", f"torch's, slower on a CPU: the compiled kernel cannot be built ({exc})"
+            )
+        return Finding(OK, "decode attention", f"compiled for this CPU at each start (here in {seconds:.1f} s)")
 
     def check_model(self) -> Finding:
         model = self.settings.model

@@ -85,6 +85,11 @@ class Settings:
         None, "Most GPU memory the engine may use, in bytes (emulate a smaller card on a bigger one)."
     )
     cpu_threads: int | None = setting(None, "Torch threads on a CPU-only machine (default: cores - 1, min 1).")
+    decode_attention: str = setting(
+        "auto",
+        "Decode attention: auto (on a CPU, a kernel built at start with the host's C compiler, else torch's), "
+        "compiled (that kernel, or no start) or torch.",
+    )
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
     keep_alive_timeout: int = setting(

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from engine.decode_kernel import AttentionRows, DecodeKernel
+
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
 # blocks' worth. `python -m engine.bench.steps --variants none/bfloat16 --batches 8,32,64,128 --context 160
@@ -77,8 +79,10 @@ class AttentionMetadata:
     key_cache: list[torch.Tensor]  # per layer [kv_heads, num_slots, head_dim]
     value_cache: list[torch.Tensor]
     block_size: int = 16
-    decode_groups: list[DecodeGroup] = field(default_factory=list)
-    prefills: list[PrefillSeq] = field(default_factory=list)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # torch's decode attention
+    prefills: list[PrefillSeq] = field(default_factory=list)  # torch's: all prefills, or those the kernel is not for
+    kernel: DecodeKernel | None = None  # engine.decode_kernel: decodes and prefills continuing a context
+    kernel_rows: AttentionRows | None = None
 
 
 def paged_attention(
@@ -102,6 +106,9 @@ def paged_attention(
 
     q = query[0]  # [H, T, D]
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
+    if meta.kernel is not None and meta.kernel_rows is not None:
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out)
     for g in meta.decode_groups:
         out[g.start : g.stop] = _decode_attention(q[:, g.start : g.stop], k_cache, v_cache, g, meta.block_size, scaling)
     for p in meta.prefills:

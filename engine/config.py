@@ -16,10 +16,13 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 # fair: continuous batching, tenants admitted by their fair-share counters (engine.fair); fcfs: continuous
 # batching in arrival order ("continuous" is its older name); static and sequential: the baselines.
 Policy = Literal["fair", "fcfs", "continuous", "static", "sequential"]
+# auto: the C kernel built at start on a CPU where it builds, else torch's; compiled: that kernel or no start.
+DecodeAttention = Literal["auto", "compiled", "torch"]
 
 QUANTIZATIONS: tuple[str, ...] = ("auto", "none", "nf4", "fp4", "int8")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 POLICIES: tuple[str, ...] = ("fair", "fcfs", "continuous", "static", "sequential")
+DECODE_ATTENTIONS: tuple[str, ...] = ("auto", "compiled", "torch")
 
 
 def default_cache_dir() -> Path:
@@ -56,6 +59,7 @@ class EngineConfig:
     seed: int = 0
     cache_dir: str | None = None
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
+    decode_attention: DecodeAttention = "auto"  # engine.decode_kernel
     prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/prepack.py); off to compare
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 
@@ -65,6 +69,7 @@ class EngineConfig:
         _one_of("quantization", self.quantization, QUANTIZATIONS)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("policy", self.policy, POLICIES)
+        _one_of("decode_attention", self.decode_attention, DECODE_ATTENTIONS)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         _at_least("block_size", self.block_size, 1)

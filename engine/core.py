@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine import decode_kernel
 from engine.allocator import keep_freed_memory
 from engine.attention import ATTENTION_NAME
 from engine.block_manager import BlockManager
@@ -80,7 +81,16 @@ class EngineCore:
         logits_width = self.loaded.model.config.get_text_config().vocab_size
         self.grammars = GrammarCache(self.tokenizer, logits_width, sorted(self.eos_token_ids))
         self.guided = GuidedBatch(self.grammars, config.max_num_seqs, self.loaded.device)
-        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided)
+        text = self.loaded.model.config.get_text_config()
+        kernel = decode_kernel.build(
+            config.decode_attention,
+            self.loaded.device,
+            self.kv.key[0].dtype,
+            self.loaded.head_dim,
+            text.num_attention_heads,
+            self.loaded.num_kv_heads,
+        )
+        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided, kernel)
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)

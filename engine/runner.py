@@ -19,6 +19,7 @@ from engine.attention import (
     PrefillSeq,
     plan_decode_groups,
 )
+from engine.decode_kernel import DecodeKernel, RowsBuilder
 from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache
 from engine.sampler import SampleResult, TopLogprobs, sample
@@ -35,9 +36,16 @@ class StepResult:
 
 class ModelRunner:
     def __init__(
-        self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, guided: GuidedBatch | None = None
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        device: torch.device,
+        guided: GuidedBatch | None = None,
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
-        """guided: the constrained requests' matchers; None where no request can be constrained (warm-up)."""
+        """guided: the constrained requests' matchers; None where no request can be constrained (warm-up).
+        decode_kernel: attention compiled for this CPU, for decodes and prefills continuing a context; None:
+        torch's (decodes in groups of like lengths, SDPA for prefills)."""
         self.model = model
         self.kv = kv_cache
         self.device = device
@@ -45,6 +53,7 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self.guided = guided
         self.group_cost = GROUP_COST_BLOCKS  # decode attention's grouping (engine.attention.plan_decode_groups)
+        self.decode_kernel = decode_kernel
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
@@ -79,8 +88,11 @@ class ModelRunner:
             value_cache=self.kv.value,
             block_size=bs,
         )
-        self._decode_metadata(meta, decodes, block_tables)
-        self._prefill_metadata(meta, prefills, block_tables, len(decodes))
+        rows = RowsBuilder(bs) if self.decode_kernel is not None else None
+        self._decode_metadata(meta, decodes, block_tables, rows)
+        self._prefill_metadata(meta, prefills, block_tables, len(decodes), rows)
+        if rows is not None:
+            meta.kernel, meta.kernel_rows = self.decode_kernel, rows.build()
         sampling = [s for s in ordered if s.samples]
         if self.guided is not None and self.guided.active:
             self.guided.prepare([s.request.request_id for s in sampling])
@@ -128,15 +140,23 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _decode_metadata(
-        self, meta: AttentionMetadata, decodes: list[ScheduledRequest], block_tables: dict[str, list[int]]
+        self,
+        meta: AttentionMetadata,
+        decodes: list[ScheduledRequest],
+        block_tables: dict[str, list[int]],
+        rows: RowsBuilder | None,
     ) -> None:
-        """decodes: sorted longest context first."""
+        """decodes: sorted longest context first. rows: the kernel's, where it attends."""
         if not decodes:
             return
         bs = self.block_size
         context_lens = [_context_len(s) for s in decodes]
         num_blocks = [(n + bs - 1) // bs for n in context_lens]
         tables = [block_tables[s.request.request_id][:n] for s, n in zip(decodes, num_blocks, strict=True)]
+        if rows is not None:
+            for i, (table, n) in enumerate(zip(tables, context_lens, strict=True)):
+                rows.add(table, i, 1, n)
+            return
         for start, stop in plan_decode_groups(num_blocks, self.group_cost):
             group = DecodeGroup.build(start, tables[start:stop], context_lens[start:stop], bs, self.device)
             meta.decode_groups.append(group)
@@ -147,18 +167,23 @@ class ModelRunner:
         prefills: list[ScheduledRequest],
         block_tables: dict[str, list[int]],
         start: int,
+        rows: RowsBuilder | None,
     ) -> None:
+        """A prefill with nothing computed before runs SDPA over its own tokens; one continuing a context (a
+        prefix-cache hit, a later chunk) is the kernel's rows where it attends, else SDPA with a causal mask."""
         bs = self.block_size
         for s in prefills:
             computed = s.request.num_computed_tokens
             n = s.num_new_tokens
+            context = computed + n
+            table = block_tables[s.request.request_id][: (context + bs - 1) // bs]
             if computed == 0:
                 meta.prefills.append(PrefillSeq(start, n, None, None))
+            elif rows is not None:
+                rows.add(table, start, n, computed + 1)
             else:
-                context = computed + n
-                table = self._tensor(block_tables[s.request.request_id][: (context + bs - 1) // bs])
                 offsets = torch.arange(bs, device=self.device)
-                context_slots = (table.unsqueeze(-1) * bs + offsets).view(-1)[:context]
+                context_slots = (self._tensor(table).unsqueeze(-1) * bs + offsets).view(-1)[:context]
                 keys = torch.arange(context, device=self.device)
                 queries = torch.arange(computed, context, device=self.device)
                 mask = keys.unsqueeze(0) <= queries.unsqueeze(1)

@@ -14,9 +14,10 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.attention import ATTENTION_NAME
+from engine.attention import ATTENTION_NAME, GROUP_COST_BLOCKS
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.decode_kernel import DecodeKernel
 from engine.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
 
@@ -29,9 +30,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request (the median with --sigma)")
     p.add_argument("--sigma", type=float, default=0.0, help="lognormal spread of the contexts (0: all alike)")
     p.add_argument(
-        "--group-costs",
+        "--attention",
         default="",
-        help="decode attention's group cost per row, comma-separated ('one': a single padded group; '': the default)",
+        help="decode attentions to compare, comma-separated: compiled (engine.decode_kernel), torch (its default "
+        "groups), torch/N (group cost N), torch/one (a single padded group); '': the engine's default",
     )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu-threads", type=int, default=1, help="the served engine's count on a 2-core machine")
@@ -72,6 +74,20 @@ def _loaded(config: EngineConfig) -> LoadedModel:
     return _cache[key]
 
 
+def use_attention(core: EngineCore, attention: str, kernel: DecodeKernel | None) -> None:
+    """compiled, torch, torch/N or torch/one (see --attention) for the engine's next steps."""
+    kind, _, cost = attention.partition("/")
+    if kind == "compiled":
+        if kernel is None:
+            raise SystemExit("the compiled decode attention does not build here (see the log)")
+        core.runner.decode_kernel = kernel
+    elif kind == "torch":
+        core.runner.decode_kernel = None
+        core.runner.group_cost = ONE_GROUP if cost == "one" else int(cost) if cost else GROUP_COST_BLOCKS
+    else:
+        raise SystemExit(f"--attention: compiled, torch, torch/N or torch/one, not {attention!r}")
+
+
 def step_ms(core: EngineCore, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -96,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"torch {torch.__version__}, {args.cpu_threads} thread(s), context {args.context}", file=sys.stderr)
-    print(f"{'variant':>16} | " + " | ".join(f"batch {b:>3}" for b in batches))
-    costs = [c.strip() for c in args.group_costs.split(",") if c.strip()] or [""]
+    print(f"{'variant':>24} | " + " | ".join(f"batch {b:>3}" for b in batches))
+    attentions = [a.strip() for a in args.attention.split(",") if a.strip()] or [""]
     for variant in args.variants.split(","):
         quantization, dtype = variant.split("/")
         base = EngineConfig(
@@ -107,16 +123,17 @@ def main(argv: list[str] | None = None) -> int:
             device="cpu",
             cpu_threads=args.cpu_threads,
         )
-        cells: dict[str, list[float]] = {cost: [] for cost in costs}
+        cells: dict[str, list[float]] = {a: [] for a in attentions}
         for b in batches:
-            core = decoding_core(base, b, args.context, args.steps * len(costs), args.sigma)
-            for cost in costs:  # the costs take turns on one engine, so a drifting machine favours none
-                if cost:
-                    core.runner.group_cost = ONE_GROUP if cost == "one" else int(cost)
-                cells[cost].append(step_ms(core, args.steps))
-        for cost, row in cells.items():
-            label = f"{variant} g={cost}" if cost else variant
-            print(f"{label:>16} | " + " | ".join(f"{ms:7.1f}ms" for ms in row), flush=True)
+            core = decoding_core(base, b, args.context, args.steps * len(attentions), args.sigma)
+            kernel = core.runner.decode_kernel
+            for attention in attentions:  # they take turns on one engine, so a drifting machine favours none
+                if attention:
+                    use_attention(core, attention, kernel)
+                cells[attention].append(step_ms(core, args.steps))
+        for attention, row in cells.items():
+            label = f"{variant} {attention}" if attention else variant
+            print(f"{label:>24} | " + " | ".join(f"{ms:7.1f}ms" for ms in row), flush=True)
         if args.profile:
             core = decoding_core(base, batches[-1], args.context, args.steps, args.sigma)
             for name, ms in breakdown(core, args.steps).items():

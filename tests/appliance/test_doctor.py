@@ -24,7 +24,10 @@ from tests.appliance.conftest import Cli
 from web.static import VENDOR_DIR
 from web.static.assets import ASSETS
 
-CHECKS = ["gpu", "cuda", "memory", "bitsandbytes", "compute", "model", "data dir", "database", "port", "disk", "assets"]
+CHECKS = [
+    *("gpu", "cuda", "memory", "bitsandbytes", "compute", "decode attention", "model"),
+    *("data dir", "database", "port", "disk", "assets"),
+]
 LINE = re.compile(r"^(ok|info|warn|fail) +(" + "|".join(CHECKS) + r") +\S")
 
 
@@ -51,6 +54,21 @@ def test_asking_for_cuda_without_one_fails(data_dir: Path) -> None:
     assert checked.check_gpu().level == "fail"
     cuda = checked.check_cuda()
     assert cuda.level == "fail" and "cannot use the GPU" in cuda.message
+
+
+def test_decode_attention_is_compiled_here_and_a_missing_compiler_is_named(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not torch.cuda.is_available():
+        found = doctor(data_dir=str(data_dir)).check_decode_attention()
+        assert found.level == "ok" and "compiled for this CPU" in found.message, found.message
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    auto = doctor(data_dir=str(data_dir), device="cpu").check_decode_attention()
+    assert auto.level == "warn" and "torch's" in auto.message and "cc failed" in auto.message
+    insisted = doctor(data_dir=str(data_dir), device="cpu", decode_attention="compiled").check_decode_attention()
+    assert insisted.level == "fail" and "APPLIANCE_DECODE_ATTENTION=compiled" in insisted.message
+    chosen = doctor(data_dir=str(data_dir), device="cpu", decode_attention="torch").check_decode_attention()
+    assert chosen.level == "info"
 
 
 def test_a_missing_model_fails(data_dir: Path, tmp_path: Path) -> None:

@@ -86,9 +86,11 @@ def tiny_core() -> EngineCore:
     return EngineCore(config)
 
 
-@pytest.mark.parametrize("group_cost", [None, 0], ids=["default-groups", "a-group-per-length"])
+@pytest.mark.parametrize(
+    "attention", ["compiled", "torch", "torch/0"], ids=["compiled", "torch-default-groups", "torch-a-group-per-length"]
+)
 def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(
-    tiny_core: EngineCore, group_cost: int | None, monkeypatch: pytest.MonkeyPatch
+    tiny_core: EngineCore, attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     groups: list[int] = []
     plan = runner_module.plan_decode_groups
@@ -99,8 +101,12 @@ def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(
         return planned
 
     monkeypatch.setattr(runner_module, "plan_decode_groups", counted)
-    if group_cost is not None:
-        monkeypatch.setattr(tiny_core.runner, "group_cost", group_cost)
+    if attention == "compiled":
+        assert tiny_core.runner.decode_kernel is not None, "the decode kernel was meant to build here (needs cc)"
+    else:
+        monkeypatch.setattr(tiny_core.runner, "decode_kernel", None)
+    if attention == "torch/0":
+        monkeypatch.setattr(tiny_core.runner, "group_cost", 0)
     rng = random.Random(7)
     vocab = tiny_core.vocab_size
     shared = [rng.randrange(100, vocab) for _ in range(80)]
@@ -120,8 +126,9 @@ def test_greedy_matches_transformers_under_preemption_chunking_and_prefix_hits(
     assert tiny_core.scheduler.num_preemptions > 0, "the pool was meant to force preemptions"
     assert trace.chunked > 0, "the token budget was meant to force chunked prefill"
     assert tiny_core.blocks.prefix_hits > 0, "shared prefixes were meant to hit the prefix cache"
-    if group_cost == 0:
+    if attention == "torch/0":
         assert max(groups) > 3, "decodes of different lengths were meant to attend in several groups"
+    assert (groups == []) == (attention == "compiled"), "the compiled kernel was meant to attend with no groups"
     for rid, prompt, params in requests:
         want = reference(tiny_core, prompt, params.max_tokens, ignore_eos=True)
         assert got[rid] == want, f"{rid} (prompt {len(prompt)} tokens) diverged"

@@ -1,0 +1,98 @@
+"""Builds engine/csrc/paged_decode.c with the host's C compiler and loads it with ctypes. No torch import:
+`appliance doctor` asks whether it builds before anything heavy is loaded.
+
+Built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16, else float), so every inner
+loop has constant bounds and vectorises whole. The library is built in a temporary directory that is removed
+once it is loaded (a loaded library stays mapped); a build takes well under a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.errors import EngineError
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+ELEMENTS = ("float32", "bfloat16")
+MAX_HEAD_DIM, MAX_GROUP = 256, 32
+COMPILE_TIMEOUT_S = 120
+# Reassociation lets the dot products and sums vectorise; finite math lets the clamp in exp do too (scores are
+# finite: the kernel never adds -inf). No -ffast-math: linked into a shared object it may set flush-to-zero for
+# the whole process.
+FLAGS = (
+    "-O3",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-ffinite-math-only",
+    "-fPIC",
+    "-shared",
+)
+# Tried in turn: the host's vector width and OpenMP (for more than one torch thread; it joins the libgomp torch
+# loaded), then without what a compiler may not know (-march=native) or have (an OpenMP runtime).
+VARIANTS = (("-march=native", "-fopenmp"), ("-march=native",), ())
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+# paged_attention_rows' parameters, in order (see the source).
+ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_float | ctypes.c_int]] = [
+    *(_P, _I, _I),  # q, its token and head strides
+    *(_P, _P, _I),  # k_cache, v_cache, num_slots
+    *(_P, _I),  # tables, max_blocks
+    *(_P, _P, _P, _I),  # rows, table_of, lens, num_rows
+    *(_I, _I, ctypes.c_float, _I),  # kv_heads, block_size, scale, max_len
+    *(_P, _I, ctypes.c_int),  # out, its token stride, threads
+]
+
+
+class KernelBuildError(EngineError):
+    """The attention kernel could not be built or loaded here; the message says why."""
+
+
+def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tuple[Callable[..., int], float]:
+    """The kernel's entry point for this shape and element type, and the seconds its build took."""
+    if element not in ELEMENTS:
+        raise KernelBuildError(f"it computes {' or '.join(ELEMENTS)}, not {element}")
+    group = heads // kv_heads if kv_heads > 0 else 0
+    if group * kv_heads != heads or not 1 <= group <= MAX_GROUP or not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise KernelBuildError(f"{heads} heads over {kv_heads} KV heads of size {head_dim} are beyond it")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise KernelBuildError("no C compiler (cc or gcc; install gcc, or set CC)")
+    start = time.monotonic()
+    shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
+    with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
+        library = Path(tmp) / "paged_decode.so"
+        error = ""
+        for extra in VARIANTS:
+            error = _compile([compiler, *FLAGS, *extra, *shape, str(SOURCE), "-o", str(library)])
+            if not error:
+                break
+        else:
+            raise KernelBuildError(f"{Path(compiler).name} failed: {error}")
+        try:
+            function = ctypes.CDLL(str(library)).paged_attention_rows
+        except OSError as exc:  # e.g. a temporary directory mounted noexec
+            raise KernelBuildError(f"the built library does not load: {exc}") from exc
+    function.argtypes = ARGTYPES
+    function.restype = ctypes.c_int
+    return function, time.monotonic() - start
+
+
+def _compile(command: list[str]) -> str:
+    """'' on success, else the compiler's last words."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr or done.stdout or f"exit status {done.returncode}").strip().splitlines()
+    return " | ".join(lines[-3:])
