@@ -87,4 +87,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or top_k 1: the likeliest token, the first of tied ones (a top-k of 1 would keep every
+        token tied with the likeliest and draw among them)."""
+        return self.temperature == 0.0 or self.top_k == 1
