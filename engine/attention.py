@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from engine.decode_kernel import AttentionRows, DecodeKernel
+from engine.decode_kernel import AttentionKernel, AttentionRows
 
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
-# blocks' worth. `python -m engine.bench.steps --variants none/bfloat16 --batches 8,32,64,128 --context 160
-# --sigma 0.8 --group-costs one,48` (bundled model, one thread), ms per decode step: one padded group
+# blocks' worth, for torch's decode attention (the compiled kernel, engine.decode_kernel, needs no groups).
+# `python -m engine.bench.steps --variants none/bfloat16 --batches 8,32,64,128 --context 160 --sigma 0.8
+# --attention torch/one,torch/48` (bundled model, one thread), ms per decode step: one padded group
 # 65/264/492/1014, grouped 70/150/253/438; costs of 16 to 64 measured alike, 0 (a group per length) slower.
 GROUP_COST_BLOCKS = 48
 
@@ -81,7 +82,7 @@ class AttentionMetadata:
     block_size: int = 16
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # torch's decode attention
     prefills: list[PrefillSeq] = field(default_factory=list)  # torch's: all prefills, or those the kernel is not for
-    kernel: DecodeKernel | None = None  # engine.decode_kernel: decodes and prefills continuing a context
+    kernel: AttentionKernel | None = None  # engine.decode_kernel: decodes and prefills continuing a context
     kernel_rows: AttentionRows | None = None
 
 

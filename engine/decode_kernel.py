@@ -20,7 +20,7 @@ import torch
 
 from engine.kernel_build import KernelBuildError, build_kernel
 
-__all__ = ["AttentionRows", "DecodeKernel", "KernelBuildError", "RowsBuilder", "build"]
+__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "build"]
 
 log = logging.getLogger("engine.decode_kernel")
 
@@ -74,7 +74,7 @@ class RowsBuilder:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeKernel:
+class AttentionKernel:
     """The kernel built for one model's shape and dtype, called once per layer and step."""
 
     function: Callable[..., int]
@@ -124,7 +124,7 @@ class DecodeKernel:
 
 def build(
     mode: str, device: torch.device, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
-) -> DecodeKernel | None:
+) -> AttentionKernel | None:
     """The kernel for this model, or None where attention stays torch's: mode `torch`, or `auto` where it cannot
     be built (the log says why). Mode `compiled` raises KernelBuildError rather than fall back."""
     if mode == "torch":
@@ -147,4 +147,4 @@ def build(
         heads,
         kv_heads,
     )
-    return DecodeKernel(function, dtype, seconds)
+    return AttentionKernel(function, dtype, seconds)

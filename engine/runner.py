@@ -19,7 +19,7 @@ from engine.attention import (
     PrefillSeq,
     plan_decode_groups,
 )
-from engine.decode_kernel import DecodeKernel, RowsBuilder
+from engine.decode_kernel import AttentionKernel, RowsBuilder
 from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache
 from engine.sampler import SampleResult, TopLogprobs, sample
@@ -41,7 +41,7 @@ class ModelRunner:
         kv_cache: KVCache,
         device: torch.device,
         guided: GuidedBatch | None = None,
-        decode_kernel: DecodeKernel | None = None,
+        decode_kernel: AttentionKernel | None = None,
     ) -> None:
         """guided: the constrained requests' matchers; None where no request can be constrained (warm-up).
         decode_kernel: attention compiled for this CPU, for decodes and prefills continuing a context; None:

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 from engine.attention import ATTENTION_NAME, GROUP_COST_BLOCKS
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.decode_kernel import DecodeKernel
+from engine.decode_kernel import AttentionKernel
 from engine.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
 
@@ -74,7 +74,7 @@ def _loaded(config: EngineConfig) -> LoadedModel:
     return _cache[key]
 
 
-def use_attention(core: EngineCore, attention: str, kernel: DecodeKernel | None) -> None:
+def use_attention(core: EngineCore, attention: str, kernel: AttentionKernel | None) -> None:
     """compiled, torch, torch/N or torch/one (see --attention) for the engine's next steps."""
     kind, _, cost = attention.partition("/")
     if kind == "compiled":
