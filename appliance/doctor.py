@@ -1,6 +1,7 @@
 """`appliance doctor`: checks what the appliance needs on this machine and explains each finding in one line:
-GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the model, the data directory,
-the database schema, the port and the disk. Any failure makes the exit status non-zero."""
+GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the compute dtype, the compiled
+attention kernel, the model, the data directory, the database schema, the port and the disk. Any failure makes
+the exit status non-zero."""
 
 from __future__ import annotations
 
