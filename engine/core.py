@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine import decode_kernel
 from engine.allocator import keep_freed_memory
 from engine.attention import ATTENTION_NAME
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.decode_kernel import attention_kernel
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, InvalidRequestError
 from engine.guided import GrammarCache, refusal
@@ -82,7 +82,7 @@ class EngineCore:
         self.grammars = GrammarCache(self.tokenizer, logits_width, sorted(self.eos_token_ids))
         self.guided = GuidedBatch(self.grammars, config.max_num_seqs, self.loaded.device)
         text = self.loaded.model.config.get_text_config()
-        kernel = decode_kernel.build(
+        kernel = attention_kernel(
             config.decode_attention,
             self.loaded.device,
             self.kv.key[0].dtype,

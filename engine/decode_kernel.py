@@ -20,7 +20,7 @@ import torch
 
 from engine.kernel_build import KernelBuildError, build_kernel
 
-__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "build"]
+__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "attention_kernel"]
 
 log = logging.getLogger("engine.decode_kernel")
 
@@ -122,7 +122,7 @@ class AttentionKernel:
             raise MemoryError("the attention kernel could not allocate its scores")
 
 
-def build(
+def attention_kernel(
     mode: str, device: torch.device, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
 ) -> AttentionKernel | None:
     """The kernel for this model, or None where attention stays torch's: mode `torch`, or `auto` where it cannot

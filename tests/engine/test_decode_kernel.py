@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import decode_kernel
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.decode_kernel import AttentionRows, KernelBuildError, RowsBuilder
+from engine.decode_kernel import AttentionRows, KernelBuildError, RowsBuilder, attention_kernel
 from engine.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -72,7 +71,7 @@ LENS = [1, 2, 15, 16, 17, 31, 33, 300, 64, 5]  # around the block edges, one lon
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{h}h-{k}kv-d{d}" for h, k, d in SHAPES])
 def test_equals_sdpa_over_each_requests_own_blocks(dtype: torch.dtype, shape: tuple[int, int, int]) -> None:
     heads, kv_heads, head_dim = shape
-    kernel = decode_kernel.build("compiled", CPU, dtype, head_dim, heads, kv_heads)
+    kernel = attention_kernel("compiled", CPU, dtype, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(dtype, heads, kv_heads, head_dim, LENS)
     out = torch.full_like(q, float("nan"))
@@ -87,7 +86,7 @@ def test_reads_the_query_through_its_strides_and_writes_only_its_rows() -> None:
     """The attention layer hands it the step's q as [H, T, D].transpose(0, 1) and the whole step's output, of
     which the other rows (fresh prefills, SDPA's) are not its own."""
     heads, kv_heads, head_dim, lens = 9, 3, 64, [40, 3, 17]
-    kernel = decode_kernel.build("compiled", CPU, torch.float32, head_dim, heads, kv_heads)
+    kernel = attention_kernel("compiled", CPU, torch.float32, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(torch.float32, heads, kv_heads, head_dim, lens, seed=1)
     step_q = torch.cat([q, torch.randn(5, heads, head_dim)]).transpose(0, 1).contiguous()  # [H, T, D]: 5 prefills
@@ -105,7 +104,7 @@ def test_prefill_rows_continuing_a_context_attend_causally_over_it() -> None:
     computed, chunk = [20, 35], [12, 30]
     totals = [c + n for c, n in zip(computed, chunk, strict=True)] + [50]
     for dtype in (torch.float32, torch.bfloat16):
-        kernel = decode_kernel.build("compiled", CPU, dtype, head_dim, heads, kv_heads)
+        kernel = attention_kernel("compiled", CPU, dtype, head_dim, heads, kv_heads)
         assert kernel is not None
         _, k_cache, v_cache, tables = paged_case(dtype, heads, kv_heads, head_dim, totals, seed=3)
         q = torch.randn(1 + sum(chunk), heads, head_dim).to(dtype)  # the decode's row, then the chunks'
@@ -134,7 +133,7 @@ def test_no_rows_build_nothing() -> None:
 def test_several_threads_give_what_one_gives() -> None:
     heads, kv_heads, head_dim = 9, 3, 64
     lens = [random.Random(5).randrange(1, 400) for _ in range(24)]
-    kernel = decode_kernel.build("compiled", CPU, torch.bfloat16, head_dim, heads, kv_heads)
+    kernel = attention_kernel("compiled", CPU, torch.bfloat16, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(torch.bfloat16, heads, kv_heads, head_dim, lens, seed=2)
     batch = decode_rows(tables, lens)
@@ -152,7 +151,7 @@ def test_several_threads_give_what_one_gives() -> None:
 
 
 def test_torch_mode_builds_nothing() -> None:
-    assert decode_kernel.build("torch", CPU, torch.float32, 64, 9, 3) is None
+    assert attention_kernel("torch", CPU, torch.float32, 64, 9, 3) is None
 
 
 @pytest.mark.parametrize(
@@ -174,10 +173,10 @@ def test_what_it_cannot_compute_falls_back_or_is_refused(
 ) -> None:
     heads, kv_heads, head_dim = shape
     with caplog.at_level(logging.INFO, logger="engine.decode_kernel"):
-        assert decode_kernel.build("auto", device, dtype, head_dim, heads, kv_heads) is None
+        assert attention_kernel("auto", device, dtype, head_dim, heads, kv_heads) is None
     assert "torch's" in caplog.text and why in caplog.text
     with pytest.raises(KernelBuildError, match=why):
-        decode_kernel.build("compiled", device, dtype, head_dim, heads, kv_heads)
+        attention_kernel("compiled", device, dtype, head_dim, heads, kv_heads)
 
 
 def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
@@ -185,7 +184,7 @@ def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
 ) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with caplog.at_level(logging.INFO, logger="engine.decode_kernel"):
-        assert decode_kernel.build("auto", CPU, torch.float32, 64, 9, 3) is None
+        assert attention_kernel("auto", CPU, torch.float32, 64, 9, 3) is None
     assert "cc failed" in caplog.text
     config = EngineConfig(
         model="random:tiny", quantization="none", dtype="float32", device="cpu", decode_attention="compiled"
@@ -197,7 +196,7 @@ def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
 def test_a_compiler_that_fails_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "false")
     with pytest.raises(KernelBuildError, match="false failed: exit status 1"):
-        decode_kernel.build("compiled", CPU, torch.float32, 64, 9, 3)
+        attention_kernel("compiled", CPU, torch.float32, 64, 9, 3)
 
 
 def test_an_unknown_mode_is_a_config_error() -> None:
