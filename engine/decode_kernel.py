@@ -51,6 +51,8 @@ class RowsBuilder:
     def add(self, table: Sequence[int], first_row: int, num_rows: int, first_len: int) -> None:
         """A request's num_rows tokens from first_row on, the first attending over first_len tokens (its context
         and itself), each next one over one more; table: its block ids, at least those of its last row."""
+        if len(table) * self.block_size < first_len + num_rows - 1:
+            raise ValueError(f"a block table of {len(table)} blocks is short of {first_len + num_rows - 1} tokens")
         index = len(self._tables)
         self._tables.append(table)
         self._rows.extend(range(first_row, first_row + num_rows))
@@ -118,8 +120,10 @@ class AttentionKernel:
             out.stride(0),
             torch.get_num_threads(),
         )
-        if failed:
+        if failed == 1:
             raise MemoryError("the attention kernel could not allocate its scores")
+        if failed:
+            raise RuntimeError("a row's length or block table lies outside the KV pool (an engine bug)")
 
 
 def attention_kernel(

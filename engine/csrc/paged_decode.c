@@ -134,10 +134,21 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
     }
 }
 
+/* Whether a row of len tokens stays inside its table and the pool: reading past them would be a crash, not an
+ * error, so it is checked (a compare per block, against the hundreds of multiply-adds each block costs). */
+static int within(const int32_t *table, int64_t len, int64_t max_len, int64_t max_blocks, int64_t block_size,
+                  int64_t num_slots) {
+    if (len < 1 || len > max_len || len > max_blocks * block_size) return 0;
+    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b)
+        if (table[b] < 0 || ((int64_t)table[b] + 1) * block_size > num_slots) return 0;
+    return 1;
+}
+
 /* q: token i's head h at q + i * q_stride_token + h * q_stride_head (HEAD_DIM contiguous); k_cache, v_cache:
  * [kv_heads, num_slots, HEAD_DIM]; tables: [*, max_blocks]; row r is token rows[r], attends with block table
  * table_of[r] over lens[r] tokens (1 <= lens[r] <= max_len), and writes its heads at out + rows[r] *
- * out_stride_token ([heads, HEAD_DIM] contiguous). 0 on success, 1 where scratch memory ran out. */
+ * out_stride_token ([heads, HEAD_DIM] contiguous). 0 on success, 1 where scratch memory ran out, 2 where a row's
+ * length or blocks lie outside what it was given (that row is left unwritten). */
 int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride_head, const elem *k_cache,
                          const elem *v_cache, int64_t num_slots, const int32_t *tables, int64_t max_blocks,
                          const int32_t *rows, const int32_t *table_of, const int32_t *lens, int64_t num_rows,
@@ -155,6 +166,12 @@ int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride
         for (int64_t work = 0; work < num_rows * kv_heads; ++work) {
             if (scores == NULL) continue;
             const int64_t r = work / kv_heads, kvh = work % kv_heads, token = rows[r];
+            if (!within(tables + (int64_t)table_of[r] * max_blocks, lens[r], max_len, max_blocks, block_size,
+                        num_slots)) {
+#pragma omp atomic write
+                failed = 2;
+                continue;
+            }
             attend(q + token * q_stride_token + kvh * GROUP * q_stride_head, q_stride_head,
                    k_cache + kvh * num_slots * HEAD_DIM, v_cache + kvh * num_slots * HEAD_DIM,
                    tables + (int64_t)table_of[r] * max_blocks, lens[r], block_size, scale, scores,

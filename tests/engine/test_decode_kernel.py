@@ -126,6 +126,34 @@ def test_prefill_rows_continuing_a_context_attend_causally_over_it() -> None:
         torch.testing.assert_close(out.double(), torch.cat(want), **tol)
 
 
+@pytest.mark.parametrize("bad", ["block-beyond-pool", "negative-block"])
+def test_a_row_outside_its_table_or_the_pool_is_an_error_not_a_crash(bad: str) -> None:
+    heads, kv_heads, head_dim = 9, 3, 64
+    kernel = attention_kernel("compiled", CPU, torch.float32, head_dim, heads, kv_heads)
+    assert kernel is not None
+    q, k_cache, v_cache, tables = paged_case(torch.float32, heads, kv_heads, head_dim, [40, 20])
+    pool_blocks = k_cache.shape[1] // 16
+    builder = RowsBuilder(16)
+    builder.add(tables[0], 0, 1, 40)
+    if bad == "block-beyond-pool":
+        builder.add([*tables[1][:-1], pool_blocks], 1, 1, 20)
+    else:
+        builder.add([-1, *tables[1][1:]], 1, 1, 20)
+    rows = builder.build()
+    assert rows is not None
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        kernel(q, k_cache, v_cache, rows, 0.125, torch.empty_like(q))
+
+
+def test_a_row_longer_than_its_block_table_is_refused() -> None:
+    builder = RowsBuilder(16)
+    builder.add([3, 4], 0, 1, 32)
+    with pytest.raises(ValueError, match="short of 33 tokens"):
+        builder.add([3, 4], 1, 1, 33)
+    with pytest.raises(ValueError, match="short of 34 tokens"):
+        builder.add([5, 6], 2, 4, 31)  # a chunk whose last row is token 34
+
+
 def test_no_rows_build_nothing() -> None:
     assert RowsBuilder(16).build() is None
 
