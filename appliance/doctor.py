@@ -282,6 +282,8 @@ class Doctor(HostChecks):
         temporary directory the built library loads from. Built for the model's head size; the engine builds
         its own at start for the model's whole shape."""
         mode = self.settings.decode_attention
+        if self.settings.engine == "vllm":
+            return Finding(INFO, "decode attention", "not used: vLLM is the engine (APPLIANCE_ENGINE)")
         if self.cuda or mode == "torch":
             why = "on CUDA" if self.cuda else "as APPLIANCE_DECODE_ATTENTION says"
             return Finding(INFO, "decode attention", f"torch's, {why}")
