@@ -176,7 +176,7 @@ def app_of(gateway: Gateway) -> Litestar:
         try:
             yield
         finally:
-            gateway.jobs.shutdown()
+            await gateway.jobs.stop()
             if monitor is not None:
                 monitor.cancel()
             await gateway.stop(engine_task)

@@ -3,8 +3,9 @@ history and sample retention, and the 5-second engine sampler that feeds the con
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -78,21 +79,39 @@ class Jobs:
         self.history = history
         self.sampler = sampler
         self.scheduler = AsyncIOScheduler(timezone=UTC)
+        self._running: set[asyncio.Future[None]] = set()
 
     def start(self) -> None:
         config = self.config
         soon = datetime.now(UTC) + timedelta(seconds=1)
         common = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 60}
-        self.scheduler.add_job(self.roll_over, "interval", minutes=1, next_run_time=soon, id="quota-rollover", **common)
-        self.scheduler.add_job(self.prune, "interval", hours=1, next_run_time=soon, id="retention", **common)
+        run = self._run
         self.scheduler.add_job(
-            self.sampler.run, "interval", seconds=config.sample_interval, id="engine-sampler", **common
+            run, "interval", [self.roll_over], minutes=1, next_run_time=soon, id="quota-rollover", **common
+        )
+        self.scheduler.add_job(run, "interval", [self.prune], hours=1, next_run_time=soon, id="retention", **common)
+        self.scheduler.add_job(
+            run, "interval", [self.sampler.run], seconds=config.sample_interval, id="engine-sampler", **common
         )
         self.scheduler.start()
 
-    def shutdown(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
+        """No new runs, and the running ones finished (up to timeout) before the caller closes the database: a run
+        cancelled in the middle of a query at the loop's teardown left aiosqlite's thread waiting, and the process
+        with it."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout)
+
+    async def _run(self, job: Callable[[], Awaitable[object]]) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._running.add(future)
+        try:
+            await job()
+        finally:
+            future.set_result(None)
+            self._running.discard(future)
 
     async def roll_over(self) -> None:
         count = await self.keys.roll_over_all()

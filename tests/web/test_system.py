@@ -154,10 +154,24 @@ async def test_jobs_start_and_stop_with_the_app(in_loop: InLoop) -> None:
     jobs = new_jobs(in_loop)
     jobs.start()
     assert {job.id for job in jobs.scheduler.get_jobs()} == {"quota-rollover", "retention", "engine-sampler"}
-    jobs.shutdown()
+    await jobs.stop()
     await asyncio.sleep(0.01)  # APScheduler applies shutdown on the loop's next turn
     assert not jobs.scheduler.running
     assert utcnow().tzinfo is not None
+
+
+async def test_stop_waits_for_a_run_in_progress(in_loop: InLoop) -> None:
+    jobs = new_jobs(in_loop)
+    finished: list[bool] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(0.2)
+        finished.append(True)
+
+    run = asyncio.ensure_future(jobs._run(slow))
+    await asyncio.sleep(0.01)
+    await jobs.stop()
+    assert finished == [True] and run.done()
 
 
 async def test_engine_that_fails_to_start_keeps_the_server_up(db_path: Any) -> None:
