@@ -58,7 +58,11 @@ class Server:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m appliance.bench_served", description=__doc__)
-    p.add_argument("--appliance", default=APPLIANCE_VARIANTS, help="quantization/dtype pairs ('' for none)")
+    p.add_argument(
+        "--appliance",
+        default=APPLIANCE_VARIANTS,
+        help="quantization/dtype pairs ('' for none); a third part 'plain' keeps float32 weights unpacked",
+    )
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM runs, one per dtype ('' for none)")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
@@ -74,21 +78,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, str, str]]:
-    """(row name, quantization, dtype) per appliance run; a pair that resolves like the defaults is not rerun."""
+def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, str, str, bool]]:
+    """(row name, quantization, dtype, compact weights) per appliance run; one that resolves like the defaults is
+    not rerun."""
     rows, seen = [], set()
-    for pair in filter(None, (s.strip() for s in spec.split(","))):
-        quantization, _, dtype = pair.partition("/")
+    for variant in filter(None, (s.strip() for s in spec.split(","))):
+        quantization, _, rest = variant.partition("/")
+        dtype, _, weights = rest.partition("/")
         dtype = dtype or "auto"
         resolved = (
             auto_quantization("cpu", flags) if quantization == "auto" else quantization,
             auto_cpu_dtype(flags) if dtype == "auto" else dtype,
+            weights != "plain",
         )
         if resolved in seen:
             continue
         seen.add(resolved)
-        name = "appliance, defaults" if (quantization, dtype) == ("auto", "auto") else f"appliance, {pair}"
-        rows.append((f"{name} ({resolved[0]}, {resolved[1]})", quantization, dtype))
+        name = "appliance, defaults" if variant == "auto/auto" else f"appliance, {variant}"
+        rows.append((f"{name} ({resolved[0]}, {resolved[1]})", quantization, dtype, resolved[2]))
     return rows
 
 
@@ -148,13 +155,14 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("APPLIANCE_", "VLLM_"))}
 
 
-def appliance_server(name: str, quantization: str, dtype: str, data_dir: Path) -> Server:
+def appliance_server(name: str, quantization: str, dtype: str, compact: bool, data_dir: Path) -> Server:
     port = free_port()
     env = clean_env() | {
         "APPLIANCE_DATA_DIR": str(data_dir),
         "APPLIANCE_PORT": str(port),
         "APPLIANCE_QUANTIZATION": quantization,
         "APPLIANCE_DTYPE": dtype,
+        "APPLIANCE_COMPACT_WEIGHTS": str(compact).lower(),
         "APPLIANCE_SERVED_MODEL_NAME": SERVED_NAME,
         "APPLIANCE_LOG_LEVEL": "warning",
     }
@@ -291,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{spec.sigma}, ignore_eos, seed {spec.seed}; client aiperf 0.13 (fixed schedule)"
     )
     if args.dry_run:
-        for name, quantization, dtype in plan:
-            print(f"would run {name}: APPLIANCE_QUANTIZATION={quantization} APPLIANCE_DTYPE={dtype} appliance serve")
+        for name, quantization, dtype, compact in plan:
+            print(
+                f"would run {name}: APPLIANCE_QUANTIZATION={quantization} APPLIANCE_DTYPE={dtype} "
+                f"APPLIANCE_COMPACT_WEIGHTS={str(compact).lower()} appliance serve"
+            )
         for dtype in vllm_dtypes:
             print(f"would run {vllm_server(args.vllm_python, Path('MODEL_DIR'), dtype).name}")
         return 0
@@ -313,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             write_dataset(dataset, spec, AutoTokenizer.from_pretrained(model_dir))
         return model_dir
 
-    for name, quantization, dtype in plan:
-        server = appliance_server(name, quantization, dtype, data_dir)
+    for name, quantization, dtype, compact in plan:
+        server = appliance_server(name, quantization, dtype, compact, data_dir)
         with running(server):
             rows.append(measure(args, server, key, prepared(), dataset))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)

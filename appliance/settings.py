@@ -90,6 +90,11 @@ class Settings:
         "Decode attention: auto (on a CPU, a kernel built at start with the host's C compiler, else torch's), "
         "compiled (that kernel, or no start) or torch.",
     )
+    compact_weights: bool = setting(
+        True,
+        "On a CPU in float32: keep each linear layer's weights in the narrowest form that holds them exactly "
+        "(the 4- and 8-bit blocks of a GGUF, bfloat16) and widen them in registers; false keeps float32.",
+    )
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
     keep_alive_timeout: int = setting(

@@ -61,6 +61,9 @@ class EngineConfig:
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
     decode_attention: DecodeAttention = "auto"  # engine.decode_kernel
     prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/prepack.py); off to compare
+    # float32 linear layers on a CPU with their weights in the narrowest form that holds them exactly
+    # (engine/packed_linear.py); off to compare
+    compact_weights: bool = True
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 
     def __post_init__(self) -> None:

@@ -1,9 +1,10 @@
-"""Builds engine/csrc/paged_decode.c with the host's C compiler and loads it with ctypes. No torch import:
-`appliance doctor` asks whether it builds before anything heavy is loaded.
+"""Builds the engine's C kernels with the host's C compiler and loads them with ctypes. No torch import:
+`appliance doctor` asks whether they build before anything heavy is loaded.
 
-Built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16, else float), so every inner
-loop has constant bounds and vectorises whole. The library is built in a temporary directory that is removed
-once it is loaded (a loaded library stays mapped); a build takes well under a second.
+engine/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16,
+else float), so every inner loop has constant bounds and vectorises whole; engine/csrc/packed_linear.c once per
+weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16). A library is built in a temporary directory that is removed once
+it is loaded (a loaded library stays mapped); a build takes well under a second.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from engine.errors import EngineError
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "paged_decode.c"
+LINEAR_SOURCE = CSRC / "packed_linear.c"
+LINEAR_FORMS = ("q4", "q8", "bf16")
 ELEMENTS = ("float32", "bfloat16")
 MAX_HEAD_DIM, MAX_GROUP = 256, 32
 COMPILE_TIMEOUT_S = 120
@@ -50,10 +55,15 @@ ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_float | ctypes.c
     *(_I, _I, ctypes.c_float, _I),  # kv_heads, block_size, scale, max_len
     *(_P, _I, ctypes.c_int),  # out, its token stride, threads
 ]
+# packed_linear's parameters, in order (see its source).
+LINEAR_ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int]] = [
+    *(_P, _I, _P, _P),  # x, its row stride, the packed weight, bias (or NULL)
+    *(_P, _I, _I, _I, _I, ctypes.c_int),  # y, its row stride, rows, outputs, inputs, threads
+]
 
 
 class KernelBuildError(EngineError):
-    """The attention kernel could not be built or loaded here; the message says why."""
+    """A kernel could not be built or loaded here; the message says why."""
 
 
 def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tuple[Callable[..., int], float]:
@@ -63,25 +73,36 @@ def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tupl
     group = heads // kv_heads if kv_heads > 0 else 0
     if group * kv_heads != heads or not 1 <= group <= MAX_GROUP or not 1 <= head_dim <= MAX_HEAD_DIM:
         raise KernelBuildError(f"{heads} heads over {kv_heads} KV heads of size {head_dim} are beyond it")
+    shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
+    return _build(SOURCE, shape, "paged_attention_rows", ARGTYPES)
+
+
+def build_packed_linear(form: str) -> tuple[Callable[..., int], float]:
+    """The packed linear layer's entry point for one weight form (engine.packed_linear), and its build's seconds."""
+    if form not in LINEAR_FORMS:
+        raise KernelBuildError(f"packed weights are {', '.join(LINEAR_FORMS)}, not {form}")
+    return _build(LINEAR_SOURCE, [f"-DFORM_{form.upper()}"], "packed_linear", LINEAR_ARGTYPES)
+
+
+def _build(source: Path, defines: list[str], symbol: str, argtypes: list[Any]) -> tuple[Callable[..., int], float]:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelBuildError("no C compiler (cc or gcc; install gcc, or set CC)")
     start = time.monotonic()
-    shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
     with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
-        library = Path(tmp) / "paged_decode.so"
+        library = Path(tmp) / f"{source.stem}.so"
         error = ""
         for extra in VARIANTS:
-            error = _compile([compiler, *FLAGS, *extra, *shape, str(SOURCE), "-o", str(library)])
+            error = _compile([compiler, *FLAGS, *extra, *defines, str(source), "-o", str(library)])
             if not error:
                 break
         else:
             raise KernelBuildError(f"{Path(compiler).name} failed: {error}")
         try:
-            function = ctypes.CDLL(str(library)).paged_attention_rows
+            function = getattr(ctypes.CDLL(str(library)), symbol)
         except OSError as exc:  # e.g. a temporary directory mounted noexec
             raise KernelBuildError(f"the built library does not load: {exc}") from exc
-    function.argtypes = ARGTYPES
+    function.argtypes = argtypes
     function.restype = ctypes.c_int
     return function, time.monotonic() - start
 

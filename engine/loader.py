@@ -10,6 +10,7 @@ import hashlib
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -30,6 +31,7 @@ from engine.config import EngineConfig
 from engine.errors import ModelLoadError
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 from engine.load_progress import bars_as_lines, heartbeat
+from engine.packed_linear import pack_linears
 from engine.prepack import prepack_linears, prepack_supported
 from engine.presets import PRESETS, build_random_model, get_preset
 from engine.sources import RANDOM_PREFIX, default_model_path
@@ -116,6 +118,9 @@ def load_model(
     if config.prepack and prepack_supported(device, dtype):
         with _step("laying out the linear layers for oneDNN"):
             report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
+    if config.compact_weights and device.type == "cpu" and dtype == torch.float32:
+        with _step("packing the linear layers' weights"):
+            report(f"linear layers' weights, by the form that holds them exactly: {_forms(pack_linears(model))}")
     with _step(f"reading the shape of {name}"):
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -139,6 +144,10 @@ def load_model(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
     )
+
+
+def _forms(counts: Counter[str]) -> str:
+    return ", ".join(f"{form} {n}" for form, n in sorted(counts.items())) or "no linear layers"
 
 
 @contextmanager

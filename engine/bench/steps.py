@@ -25,7 +25,11 @@ from engine.sampling_params import SamplingParams
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine.bench.steps", description=__doc__)
     p.add_argument("--model", default="default")
-    p.add_argument("--variants", default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16")
+    p.add_argument(
+        "--variants",
+        default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16",
+        help="quantization/dtype pairs; a third part 'plain' keeps float32 weights unpacked (engine.packed_linear)",
+    )
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request (the median with --sigma)")
     p.add_argument("--sigma", type=float, default=0.0, help="lognormal spread of the contexts (0: all alike)")
@@ -62,12 +66,12 @@ def decoding_core(base: EngineConfig, batch: int, context: int, steps: int, sigm
 
 
 ONE_GROUP = 1 << 30  # a group cost no split can pay for: every decode in one padded group
-_cache: dict[tuple[str, str], LoadedModel] = {}
+_cache: dict[tuple[str, str, str], LoadedModel] = {}
 
 
 def _loaded(config: EngineConfig) -> LoadedModel:
     """One variant's weights at a time, reused across its batch sizes."""
-    key = (config.quantization, config.dtype)
+    key = (config.quantization, config.dtype, str(config.compact_weights))
     if key not in _cache:
         _cache.clear()
         _cache[key] = load_model(config, attn_implementation=ATTENTION_NAME)
@@ -115,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':>24} | " + " | ".join(f"batch {b:>3}" for b in batches))
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()] or [""]
     for variant in args.variants.split(","):
-        quantization, dtype = variant.split("/")
+        quantization, dtype, *rest = variant.split("/")
         base = EngineConfig(
+            compact_weights="plain" not in rest,
             model=args.model,
             quantization=quantization,
             dtype=dtype,

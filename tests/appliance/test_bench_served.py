@@ -16,11 +16,22 @@ AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 def test_pairs_that_resolve_like_the_defaults_are_not_run_twice() -> None:
     plan = variants("auto/auto,none/float32,none/auto,nf4/auto,int8", AVX512_BF16)
     # The defaults are none/bfloat16 here, so none/auto is not run again.
-    assert [(q, d) for _, q, d in plan] == [("auto", "auto"), ("none", "float32"), ("nf4", "auto"), ("int8", "auto")]
+    assert [(q, d) for _, q, d, _ in plan] == [
+        ("auto", "auto"),
+        ("none", "float32"),
+        ("nf4", "auto"),
+        ("int8", "auto"),
+    ]
     assert plan[0][0] == "appliance, defaults (none, bfloat16)"
-    # Without AVX512-BF16 the defaults are plain fp32, so nf4 is a run of its own and none/float32 is not.
-    avx2 = [(q, d) for _, q, d in variants("auto/auto,none/float32,nf4/auto", frozenset({"avx2"}))]
-    assert avx2 == [("auto", "auto"), ("nf4", "auto")]
+    # Without AVX512-BF16 the defaults are fp32, so nf4 is a run of its own and none/float32 is not; float32
+    # weights left unpacked ('plain') are a run of their own.
+    avx2 = variants("auto/auto,none/float32,nf4/auto,none/float32/plain", frozenset({"avx2"}))
+    assert [(q, d, compact) for _, q, d, compact in avx2] == [
+        ("auto", "auto", True),
+        ("nf4", "auto", True),
+        ("none", "float32", False),
+    ]
+    assert avx2[2][0] == "appliance, none/float32/plain (none, float32)"
 
 
 class WordTokenizer:

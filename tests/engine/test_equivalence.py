@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, PreTrainedModel
 
 from engine import EngineConfig, SamplingParams
 from engine import runner as runner_module
+from engine.attention import ATTENTION_NAME
 from engine.core import EngineCore
+from engine.loader import load_model
 from engine.messages import RequestOutput
+from engine.packed_linear import PackedLinear
 from engine.scheduler import SchedulerOutput
 
 
-def reference(core: EngineCore, prompt: list[int], max_tokens: int, ignore_eos: bool) -> list[int]:
-    """Greedy continuation of one prompt alone, by transformers' own generate with its own attention."""
-    model = core.loaded.model
+def reference(
+    core: EngineCore, prompt: list[int], max_tokens: int, ignore_eos: bool, model: PreTrainedModel | None = None
+) -> list[int]:
+    """Greedy continuation of one prompt alone, by transformers' own generate with its own attention (on the
+    engine's model, or on `model`, the same weights loaded without the engine's changes to its layers)."""
+    model = model or core.loaded.model
     paged = model.config._attn_implementation
     model.config._attn_implementation = "sdpa"
     try:
@@ -154,7 +161,13 @@ def test_second_family_qwen2_matches_transformers() -> None:
 
 
 def test_default_model_chat_prompts_match_transformers() -> None:
-    core = EngineCore(EngineConfig(model="default", quantization="none", dtype="float32", device="cpu"))
+    """The bundled model as served (its linear layers packed, engine.packed_linear) against transformers'
+    generate on the same weights as transformers loads them, in float32."""
+    config = EngineConfig(model="default", quantization="none", dtype="float32", device="cpu")
+    core = EngineCore(config)
+    assert any(isinstance(m, PackedLinear) for m in core.loaded.model.modules())
+    plain = load_model(replace(config, compact_weights=False), attn_implementation=ATTENTION_NAME).model
+    assert not any(isinstance(m, PackedLinear) for m in plain.modules())
     chats = [
         "What is the capital of France?",
         "Write a haiku about the sea.",
@@ -168,7 +181,7 @@ def test_default_model_chat_prompts_match_transformers() -> None:
         requests.append((f"c{i}", ids, SamplingParams(max_tokens=24, temperature=0.0)))
     got = run(core, iter([requests]))
     for rid, prompt, params in requests:
-        assert got[rid] == reference(core, prompt, params.max_tokens, ignore_eos=False)
+        assert got[rid] == reference(core, prompt, params.max_tokens, ignore_eos=False, model=plain)
 
 
 def test_prompt_tokens_count_when_prefill_ends_not_when_the_request_does(tiny_core: EngineCore) -> None:

@@ -45,6 +45,7 @@ def default_model(cache_dir: Path) -> LoadedModel:
     messages: list[str] = []
     loaded = load(cache_dir, messages, model="default")
     assert any("converting GGUF" in message for message in messages)
+    assert "linear layers' weights, by the form that holds them exactly: q4 210, q8 1" in messages
     return loaded
 
 
@@ -56,7 +57,9 @@ def test_default_model_loads_as_smollm2(default_model: LoadedModel) -> None:
     assert m.tokenizer.convert_tokens_to_ids("<|im_end|>") in m.eos_token_ids
     assert m.tokenizer.chat_template
     assert (m.num_layers, m.num_kv_heads, m.head_dim, m.max_model_len) == (30, 3, 64, 8192)
-    assert 500e6 < m.weights_bytes < 600e6  # 135M fp32 parameters
+    # The float32 embedding (113 MB) and every linear layer in the GGUF's own 4- and 8-bit blocks (96 MB; float32
+    # would be 538 MB), which hold the float32 weights exactly (engine.packed_linear).
+    assert 190e6 < m.weights_bytes < 240e6
     assert not m.model.training and not any(p.requires_grad for p in m.model.parameters())
     assert len(AutoTokenizer.from_pretrained(m.source_dir)) == len(m.tokenizer)
 
@@ -76,7 +79,9 @@ def test_second_load_uses_the_cache(default_model: LoadedModel, cache_dir: Path,
 def test_hf_directory_loads_with_served_name(default_model: LoadedModel, cache_dir: Path) -> None:
     loaded = load(cache_dir, model=str(default_model.source_dir), served_model_name="smol")
     assert loaded.name == "smol" and loaded.source_dir == default_model.source_dir
-    assert torch.equal(loaded.model.lm_head.weight, default_model.model.lm_head.weight)
+    embeddings = (m.model.model.embed_tokens.weight for m in (loaded, default_model))
+    assert torch.equal(*embeddings)
+    assert torch.equal(loaded.model.lm_head.packed, default_model.model.lm_head.packed)  # the tied head, packed
 
 
 def state(loaded: LoadedModel) -> dict[str, torch.Tensor]:
