@@ -117,40 +117,51 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
 #endif
 
 /* c[r][0..16) (+)= sum over k < n of a[r][k] * b[k][0..16) for the R rows r < R (R constant, so the
- * accumulators stay in registers); columns >= cols are not written. */
-#define TILE(R)                                                                                                   \
+ * accumulators stay in registers); columns >= cols are not written. A multiply-add waits 4 cycles for the one
+ * before it on the same accumulator and two issue per cycle, so fewer than 8 accumulators leave the pipes idle:
+ * tiles of 1 to 3 rows keep U partial sums (k, k + 1, ...) and add them up at the end (n is a multiple of 32). */
+#define TILE(R, U)                                                                                                \
     static void tile_##R(const float *a, int64_t lda, const float *restrict b, int64_t n, float *c, int64_t ldc, \
                          int cols, int accumulate) {                                                              \
-        f32x8a acc[R][2];                                                                                         \
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = (f32x8a){0};                                          \
-        for (int64_t k = 0; k < n; ++k) {                                                                         \
-            const f32x8a b0 = *(const f32x8 *)(b + k * PANEL), b1 = *(const f32x8 *)(b + k * PANEL + 8);          \
-            for (int r = 0; r < R; ++r) {                                                                         \
-                const float x = a[r * lda + k];                                                                   \
-                acc[r][0] += x * b0;                                                                              \
-                acc[r][1] += x * b1;                                                                              \
+        f32x8a acc[U][R][2];                                                                                      \
+        for (int u = 0; u < U; ++u)                                                                               \
+            for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = (f32x8a){0};                                \
+        for (int64_t k = 0; k < n; k += U) {                                                                      \
+            for (int u = 0; u < U; ++u) {                                                                         \
+                const float *bk = b + (k + u) * PANEL;                                                            \
+                const f32x8a b0 = *(const f32x8 *)bk, b1 = *(const f32x8 *)(bk + 8);                              \
+                for (int r = 0; r < R; ++r) {                                                                     \
+                    const float x = a[r * lda + k + u];                                                           \
+                    acc[u][r][0] += x * b0;                                                                       \
+                    acc[u][r][1] += x * b1;                                                                       \
+                }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
+        for (int u = 1; u < U; ++u)                                                                               \
+            for (int r = 0; r < R; ++r) {                                                                         \
+                acc[0][r][0] += acc[u][r][0];                                                                     \
+                acc[0][r][1] += acc[u][r][1];                                                                     \
+            }                                                                                                     \
         for (int r = 0; r < R; ++r) {                                                                             \
             float *dst = c + r * ldc;                                                                             \
             if (cols == PANEL && accumulate) {                                                                    \
-                *(f32x8 *)dst += acc[r][0];                                                                       \
-                *(f32x8 *)(dst + 8) += acc[r][1];                                                                 \
+                *(f32x8 *)dst += acc[0][r][0];                                                                    \
+                *(f32x8 *)(dst + 8) += acc[0][r][1];                                                              \
             } else if (cols == PANEL) {                                                                           \
-                *(f32x8 *)dst = acc[r][0];                                                                        \
-                *(f32x8 *)(dst + 8) = acc[r][1];                                                                  \
+                *(f32x8 *)dst = acc[0][r][0];                                                                     \
+                *(f32x8 *)(dst + 8) = acc[0][r][1];                                                               \
             } else {                                                                                              \
                 for (int j = 0; j < cols; ++j)                                                                    \
-                    dst[j] = (accumulate ? dst[j] : 0.0f) + (j < 8 ? acc[r][0][j] : acc[r][1][j - 8]);            \
+                    dst[j] = (accumulate ? dst[j] : 0.0f) + (j < 8 ? acc[0][r][0][j] : acc[0][r][1][j - 8]);      \
             }                                                                                                     \
         }                                                                                                         \
     }
-TILE(1)
-TILE(2)
-TILE(3)
-TILE(4)
-TILE(5)
-TILE(6)
+TILE(1, 4)
+TILE(2, 2)
+TILE(3, 2)
+TILE(4, 1)
+TILE(5, 1)
+TILE(6, 1)
 
 typedef void (*tile_fn)(const float *, int64_t, const float *restrict, int64_t, float *, int64_t, int, int);
 static const tile_fn TILES[ROWS + 1] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
