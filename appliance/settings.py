@@ -95,6 +95,11 @@ class Settings:
         "On a CPU in float32: keep each linear layer's weights in the narrowest form that holds them exactly "
         "(the 4- and 8-bit blocks of a GGUF, bfloat16) and widen them in registers; false keeps float32.",
     )
+    own_forward: bool = setting(
+        True,
+        "On a CPU in float32, Llama and Qwen2 models run the engine's own forward (the same arithmetic as "
+        "transformers' in a few calls per layer); false runs transformers' modules.",
+    )
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests may finish after SIGTERM before abort.")
     keep_alive_timeout: int = setting(

@@ -32,6 +32,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         cpu_threads=settings.cpu_threads,
         decode_attention=settings.decode_attention,  # type: ignore[arg-type]  # validated by EngineConfig
         compact_weights=settings.compact_weights,
+        own_forward=settings.own_forward,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,

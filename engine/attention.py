@@ -104,8 +104,20 @@ def paged_attention(
     k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
     k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
     v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
+    return attend(meta, layer, query[0], key[0], value[0], scaling).unsqueeze(0), None
 
-    q = query[0]  # [H, T, D]
+
+def attend(
+    meta: AttentionMetadata,
+    layer: int,
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One layer's attention for the step, once its keys and values are in the pool: q [H, T, D], this step's own
+    key/value [KVH, T, D] (any strides, D contiguous) -> [T, H, D]."""
+    k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
     if meta.kernel is not None and meta.kernel_rows is not None:
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
@@ -115,15 +127,15 @@ def paged_attention(
     for p in meta.prefills:
         qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
         if p.context_slots is None:
-            kp = key[:, :, p.start : p.start + p.num_tokens]
-            vp = value[:, :, p.start : p.start + p.num_tokens]
+            kp = key[:, p.start : p.start + p.num_tokens].unsqueeze(0)
+            vp = value[:, p.start : p.start + p.num_tokens].unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=True)
         else:
             kp = k_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
             vp = v_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scaling, enable_gqa=True)
         out[p.start : p.start + p.num_tokens] = op[0].transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out
 
 
 def plan_decode_groups(num_blocks: Sequence[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:

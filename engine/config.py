@@ -64,6 +64,8 @@ class EngineConfig:
     # float32 linear layers on a CPU with their weights in the narrowest form that holds them exactly
     # (engine/packed_linear.py); off to compare
     compact_weights: bool = True
+    # Llama-family models on a CPU in float32: the engine's own forward (engine/cpu_forward.py); off: transformers'
+    own_forward: bool = True
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from engine.allocator import keep_freed_memory
 from engine.attention import ATTENTION_NAME
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.cpu_forward import cpu_forward
 from engine.decode_kernel import attention_kernel
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, InvalidRequestError
@@ -64,6 +65,9 @@ class EngineCore:
             torch.set_num_threads(config.effective_cpu_threads)
             keep_freed_memory()  # after the load, whose buffers are freed for good
         self.tokenizer = self.loaded.tokenizer
+        self.forward = (
+            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype) if config.own_forward else None
+        )
         if progress:
             progress("sizing the KV cache")
         self.kv = self._allocate_kv()
@@ -90,7 +94,7 @@ class EngineCore:
             text.num_attention_heads,
             self.loaded.num_kv_heads,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided, kernel)
+        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward)
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)
@@ -136,7 +140,7 @@ class EngineCore:
 
     def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
         num_tokens = min(num_tokens, kv.num_blocks * kv.block_size)
-        runner = ModelRunner(self.loaded.model, kv, self.loaded.device)
+        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward)
         blocks = BlockManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False)
         warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
         blocks.allocate_slots(warm.request_id, num_tokens)

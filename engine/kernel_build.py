@@ -3,8 +3,8 @@
 
 engine/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16,
 else float), so every inner loop has constant bounds and vectorises whole; engine/csrc/packed_linear.c once per
-weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16). A library is built in a temporary directory that is removed once
-it is loaded (a loaded library stays mapped); a build takes well under a second.
+weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16); engine/csrc/layer_ops.c once. A library is built in a temporary
+directory that is removed once it is loaded (a loaded library stays mapped); a build takes well under a second.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "paged_decode.c"
 LINEAR_SOURCE = CSRC / "packed_linear.c"
 LINEAR_FORMS = ("q4", "q8", "bf16")
+LAYER_SOURCE = CSRC / "layer_ops.c"
 ELEMENTS = ("float32", "bfloat16")
 MAX_HEAD_DIM, MAX_GROUP = 256, 32
 COMPILE_TIMEOUT_S = 120
@@ -38,6 +40,18 @@ FLAGS = (
     "-fno-signed-zeros",
     "-fno-trapping-math",
     "-ffinite-math-only",
+    "-fPIC",
+    "-shared",
+)
+# The layer's elementwise operations follow transformers' rounding: no fused multiply-adds, and infinities kept
+# (SiLU of a large negative number divides by one). The sum of squares may still be reassociated.
+LAYER_FLAGS = (
+    "-O3",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-ffp-contract=off",
     "-fPIC",
     "-shared",
 )
@@ -62,6 +76,24 @@ LINEAR_ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int]] = [
 ]
 
 
+# layer_ops' functions and their parameters, in order (see its source).
+LAYER_ARGTYPES: dict[str, list[Any]] = {
+    "add_rms_norm": [_P, _P, _P, ctypes.c_float, _I, _I, ctypes.c_int, _P],
+    "rope_and_store": [_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I],
+    "silu_mul": [_P, _I, _P, _I, _I, _I],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOps:
+    """engine/csrc/layer_ops.c's entry points (engine.cpu_forward)."""
+
+    add_rms_norm: Callable[..., None]
+    rope_and_store: Callable[..., int]
+    silu_mul: Callable[..., None]
+    build_s: float
+
+
 class KernelBuildError(EngineError):
     """A kernel could not be built or loaded here; the message says why."""
 
@@ -74,37 +106,55 @@ def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tupl
     if group * kv_heads != heads or not 1 <= group <= MAX_GROUP or not 1 <= head_dim <= MAX_HEAD_DIM:
         raise KernelBuildError(f"{heads} heads over {kv_heads} KV heads of size {head_dim} are beyond it")
     shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
-    return _build(SOURCE, shape, "paged_attention_rows", ARGTYPES)
+    return _build(SOURCE, FLAGS, shape, "paged_attention_rows", ARGTYPES)
 
 
 def build_packed_linear(form: str) -> tuple[Callable[..., int], float]:
     """The packed linear layer's entry point for one weight form (engine.packed_linear), and its build's seconds."""
     if form not in LINEAR_FORMS:
         raise KernelBuildError(f"packed weights are {', '.join(LINEAR_FORMS)}, not {form}")
-    return _build(LINEAR_SOURCE, [f"-DFORM_{form.upper()}"], "packed_linear", LINEAR_ARGTYPES)
+    return _build(LINEAR_SOURCE, FLAGS, [f"-DFORM_{form.upper()}"], "packed_linear", LINEAR_ARGTYPES)
 
 
-def _build(source: Path, defines: list[str], symbol: str, argtypes: list[Any]) -> tuple[Callable[..., int], float]:
+def build_layer_ops() -> LayerOps:
+    start = time.monotonic()
+    library = _library(LAYER_SOURCE, LAYER_FLAGS, [])
+    functions = {}
+    for name, argtypes in LAYER_ARGTYPES.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int if name == "rope_and_store" else None
+        functions[name] = function
+    return LayerOps(**functions, build_s=time.monotonic() - start)
+
+
+def _build(
+    source: Path, flags: tuple[str, ...], defines: list[str], symbol: str, argtypes: list[Any]
+) -> tuple[Callable[..., int], float]:
+    start = time.monotonic()
+    function = getattr(_library(source, flags, defines), symbol)
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function, time.monotonic() - start
+
+
+def _library(source: Path, flags: tuple[str, ...], defines: list[str]) -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelBuildError("no C compiler (cc or gcc; install gcc, or set CC)")
-    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
         library = Path(tmp) / f"{source.stem}.so"
         error = ""
         for extra in VARIANTS:
-            error = _compile([compiler, *FLAGS, *extra, *defines, str(source), "-o", str(library)])
+            error = _compile([compiler, *flags, *extra, *defines, str(source), "-o", str(library)])
             if not error:
                 break
         else:
             raise KernelBuildError(f"{Path(compiler).name} failed: {error}")
         try:
-            function = getattr(ctypes.CDLL(str(library)), symbol)
+            return ctypes.CDLL(str(library))
         except OSError as exc:  # e.g. a temporary directory mounted noexec
             raise KernelBuildError(f"the built library does not load: {exc}") from exc
-    function.argtypes = argtypes
-    function.restype = ctypes.c_int
-    return function, time.monotonic() - start
 
 
 def _compile(command: list[str]) -> str:

@@ -19,6 +19,7 @@ from engine.attention import (
     PrefillSeq,
     plan_decode_groups,
 )
+from engine.cpu_forward import CpuForward
 from engine.decode_kernel import AttentionKernel, RowsBuilder
 from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache
@@ -42,10 +43,12 @@ class ModelRunner:
         device: torch.device,
         guided: GuidedBatch | None = None,
         decode_kernel: AttentionKernel | None = None,
+        forward: CpuForward | None = None,
     ) -> None:
         """guided: the constrained requests' matchers; None where no request can be constrained (warm-up).
         decode_kernel: attention compiled for this CPU, for decodes and prefills continuing a context; None:
-        torch's (decodes in groups of like lengths, SDPA for prefills)."""
+        torch's (decodes in groups of like lengths, SDPA for prefills). forward: the engine's own forward
+        (engine.cpu_forward) in place of the model's; None: the model's."""
         self.model = model
         self.kv = kv_cache
         self.device = device
@@ -54,6 +57,7 @@ class ModelRunner:
         self.guided = guided
         self.group_cost = GROUP_COST_BLOCKS  # decode attention's grouping (engine.attention.plan_decode_groups)
         self.decode_kernel = decode_kernel
+        self.forward = forward
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
@@ -96,22 +100,9 @@ class ModelRunner:
         sampling = [s for s in ordered if s.samples]
         if self.guided is not None and self.guided.active:
             self.guided.prepare([s.request.request_id for s in sampling])
-        if not sample_rows:
-            self.model(
-                input_ids=self._tensor(input_ids).unsqueeze(0),
-                position_ids=self._tensor(positions).unsqueeze(0),
-                use_cache=False,
-                logits_to_keep=self._tensor([len(input_ids) - 1]),
-                paged=meta,
-            )
+        logits = self._logits(input_ids, positions, meta, sample_rows)
+        if logits is None:
             return StepResult({}, {})
-        logits = self.model(
-            input_ids=self._tensor(input_ids).unsqueeze(0),
-            position_ids=self._tensor(positions).unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=self._tensor(sample_rows),
-            paged=meta,
-        ).logits[0]
         if self.guided is not None:
             # Before the sampler, so its knobs (temperature, penalties, bias) only ever see allowed tokens.
             logits = self.guided.mask(logits)
@@ -119,6 +110,21 @@ class ModelRunner:
         sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
         logprobs = {s.request.request_id: lp for s, lp in zip(sampling, result.logprobs, strict=True) if lp is not None}
         return StepResult(sampled, logprobs)
+
+    def _logits(
+        self, input_ids: list[int], positions: list[int], meta: AttentionMetadata, sample_rows: list[int]
+    ) -> torch.Tensor | None:
+        """The logits of the rows that sample, by the engine's own forward or the model's; None where no row
+        samples (a step that only computes prompts)."""
+        ids, at = self._tensor(input_ids), self._tensor(positions)
+        if self.forward is not None:
+            logits = self.forward(ids, at, meta, self._tensor(sample_rows))
+            return logits if sample_rows else None
+        keep = self._tensor(sample_rows or [len(input_ids) - 1])  # the model computes at least one row's logits
+        out = self.model(
+            input_ids=ids.unsqueeze(0), position_ids=at.unsqueeze(0), use_cache=False, logits_to_keep=keep, paged=meta
+        )
+        return out.logits[0] if sample_rows else None
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledRequest]) -> SampleResult:
         params = [s.request.params for s in sampling]

@@ -1,9 +1,10 @@
 """`python -m engine.bench.spy RAW`: where the engine process's time went, from py-spy's raw (collapsed) samples.
 
 Record the served engine under load with `py-spy record --idle --format raw --pid PID -o RAW` (py-spy 0.4 from
-PyPI); this splits the samples into the parts of a step: the model's forward (its linear layers and norms),
-paged attention, sampling, building the batch, the scheduler and the rest of the step's bookkeeping, the pipe to
-the web process (encoding, sending, receiving), and idle waiting.
+PyPI); this splits the samples into the parts of a step: the linear layers, the rest of the model's forward
+(norms, rotary embedding, activations, module calls), paged attention, sampling, building the batch, the
+scheduler and the rest of the step's bookkeeping, the pipe to the web process (encoding, sending, receiving), and
+idle waiting.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from pathlib import Path
 # (part, function, file): a frame "function (path/file:line)" matches when both do ("" matches any function);
 # a stack belongs to the part of its innermost matching frame.
 MARKERS = (
+    ("linear layers", "forward", "engine/packed_linear.py"),
+    ("linear layers", "forward", "engine/prepack.py"),
+    ("linear layers", "forward", "torch/nn/modules/linear.py"),
     ("attention", "paged_attention", "engine/attention.py"),
+    ("attention", "attend", "engine/attention.py"),
     ("sampling", "sample", "engine/sampler.py"),
+    ("forward", "__call__", "engine/cpu_forward.py"),
     ("forward", "_call_impl", "torch/nn/modules/module.py"),
     ("batch building", "execute", "engine/runner.py"),
     ("scheduler", "", "engine/scheduler.py"),

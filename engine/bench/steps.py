@@ -28,7 +28,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16",
-        help="quantization/dtype pairs; a third part 'plain' keeps float32 weights unpacked (engine.packed_linear)",
+        help="quantization/dtype pairs; a third part turns off what it names, joined by +: 'plain' keeps float32 "
+        "weights unpacked (engine.packed_linear), 'hf' runs transformers' forward (engine.cpu_forward)",
     )
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request (the median with --sigma)")
@@ -120,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()] or [""]
     for variant in args.variants.split(","):
         quantization, dtype, *rest = variant.split("/")
+        off = set(rest[0].split("+")) if rest else set()
         base = EngineConfig(
-            compact_weights="plain" not in rest,
+            compact_weights="plain" not in off,
+            own_forward="hf" not in off,
             model=args.model,
             quantization=quantization,
             dtype=dtype,

@@ -6,8 +6,15 @@ from engine.bench.spy import breakdown
 
 ROOT = "run_engine_process (engine/process.py:60);EngineCore.step (engine/core.py:150)"
 MODEL = f"{ROOT};ModelRunner.execute (engine/runner.py:70);Module._call_impl (torch/nn/modules/module.py:1786)"
+CALL = "Module._call_impl (torch/nn/modules/module.py:1786)"
+KERNEL = "AttentionKernel.__call__ (engine/decode_kernel.py:102)"
+OWN = f"{ROOT};ModelRunner.execute (engine/runner.py:70);ModelRunner._logits (engine/runner.py:120)"
 RAW = [
     f"{MODEL};forward (transformers/models/llama/modeling_llama.py:300) 50",
+    f"{MODEL};forward (llama.py:240);{CALL};Linear.forward (torch/nn/modules/linear.py:134) 30",
+    f"{OWN};CpuForward.__call__ (engine/cpu_forward.py:110);PackedLinear.forward (engine/packed_linear.py:53) 40",
+    f"{OWN};CpuForward.__call__ (engine/cpu_forward.py:112) 7",
+    f"{OWN};CpuForward.__call__ (engine/cpu_forward.py:114);attend (engine/attention.py:120);{KERNEL} 8",
     f"{MODEL};forward (llama.py:250);paged_attention (engine/attention.py:70) 20",
     f"{ROOT};ModelRunner.execute (engine/runner.py:80);sample (engine/sampler.py:40);_argmax (engine/sampler.py:60) 5",
     f"{ROOT};ModelRunner.execute (engine/runner.py:50);ModelRunner._tensor (engine/runner.py:105) 4",
@@ -23,8 +30,9 @@ RAW = [
 def test_samples_go_to_the_innermost_part() -> None:
     parts = breakdown(RAW)
     assert parts == {
-        "forward": 50,
-        "attention": 20,
+        "linear layers": 70,
+        "forward": 57,
+        "attention": 28,
         "sampling": 5,
         "batch building": 4,
         "scheduler": 3,

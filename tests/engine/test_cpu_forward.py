@@ -1,0 +1,134 @@
+"""The engine's own forward for Llama-family models on a CPU (engine/cpu_forward.py): chosen where it applies and
+nowhere else, its operations equal transformers' own, and its logits those of transformers' forward. (Greedy
+equivalence with transformers' generate under preemption, chunking and prefix hits runs through it in
+tests/engine/test_equivalence.py, for Llama and Qwen2.)"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from engine import EngineConfig, SamplingParams
+from engine.core import EngineCore
+from engine.cpu_forward import CpuForward, cpu_forward
+from engine.kernel_build import KernelBuildError, LayerOps, build_layer_ops
+
+try:
+    OPS: LayerOps = build_layer_ops()
+except KernelBuildError as exc:  # pragma: no cover - CI installs gcc (make sysdeps-test)
+    pytest.skip(f"the layer operations do not build here: {exc}", allow_module_level=True)
+
+
+def _core(model: str = "random:tiny", **options: object) -> EngineCore:
+    config = EngineConfig(model=model, quantization="none", dtype="float32", device="cpu", num_kv_blocks=64)
+    return EngineCore(EngineConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__}, **options}))
+
+
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen2"])
+def test_llama_and_qwen2_in_float32_take_the_engines_forward(model: str) -> None:
+    core = _core(model)
+    assert isinstance(core.forward, CpuForward) and core.runner.forward is core.forward
+    assert _core(model, own_forward=False).forward is None
+
+
+def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = _core()
+    with caplog.at_level(logging.INFO, logger="engine.cpu_forward"):
+        assert cpu_forward(core.loaded.model, torch.device("cpu"), torch.bfloat16) is None
+        assert "for float32 on a CPU, not bfloat16 on cpu" in caplog.text
+        assert cpu_forward(nn.Linear(4, 4), torch.device("cpu"), torch.float32) is None
+        assert "not Linear" in caplog.text
+        monkeypatch.setenv("CC", "/nonexistent/cc")
+        assert cpu_forward(core.loaded.model, torch.device("cpu"), torch.float32) is None
+        assert "its operations do not build" in caplog.text
+
+
+def test_the_norm_follows_transformers_rmsnorm() -> None:
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(96, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_(generator=g)
+    h, residual = torch.randn(7, 96, generator=g), torch.randn(7, 96, generator=g)
+    expected_residual = residual + h
+    with torch.inference_mode():
+        expected = norm(expected_residual)
+    out = torch.empty_like(h)
+    OPS.add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 7, 96, 0, out.data_ptr())
+    assert torch.equal(residual, expected_residual)  # one rounding, as torch's add
+    torch.testing.assert_close(out, expected, rtol=2e-6, atol=1e-6)  # only the sum of squares' order differs
+    first = torch.empty_like(h)
+    OPS.add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 7, 96, 1, first.data_ptr())
+    assert torch.equal(residual, h)  # the first layer's residual is the embeddings themselves
+
+
+def test_rotary_embedding_is_transformers_own_bit_for_bit_and_the_pool_gets_keys_and_values() -> None:
+    g = torch.Generator().manual_seed(1)
+    tokens, heads, kv_heads, dim, slots = 5, 4, 2, 16, 32
+    q, k, v = (torch.randn(tokens, n * dim, generator=g) for n in (heads, kv_heads, kv_heads))
+    angles = torch.rand(tokens, dim // 2, generator=g) * 6
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    q_ref, k_ref = apply_rotary_pos_emb(
+        q.view(1, tokens, heads, dim).transpose(1, 2),
+        k.view(1, tokens, kv_heads, dim).transpose(1, 2),
+        cos[None],
+        sin[None],
+    )
+    where = torch.tensor([3, 9, 0, 31, 17])
+    k_cache, v_cache = torch.zeros(kv_heads, slots, dim), torch.zeros(kv_heads, slots, dim)
+    failed = OPS.rope_and_store(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+        sin.data_ptr(), where.data_ptr(), tokens, heads, kv_heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), slots,
+    )  # fmt: skip
+    assert failed == 0
+    assert torch.equal(q.view(tokens, heads, dim).transpose(0, 1), q_ref[0])
+    assert torch.equal(k.view(tokens, kv_heads, dim).transpose(0, 1), k_ref[0])
+    assert torch.equal(k_cache[:, where], k_ref[0]) and torch.equal(
+        v_cache[:, where], v.view(tokens, kv_heads, dim).transpose(0, 1)
+    )
+    where[2] = slots  # outside the pool: refused, not written
+    failed = OPS.rope_and_store(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+        sin.data_ptr(), where.data_ptr(), tokens, heads, kv_heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), slots,
+    )  # fmt: skip
+    assert failed == 2
+
+
+def test_silu_times_up_follows_torch() -> None:
+    g = torch.Generator().manual_seed(2)
+    gate, up = torch.randn(6, 40, generator=g) * 8, torch.randn(6, 40, generator=g)
+    gate[0, 0], gate[0, 1] = -200.0, 200.0  # e^200 overflows: SiLU is then 0 and the input itself
+    expected = torch.nn.functional.silu(gate) * up
+    OPS.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), 6, 40)
+    torch.testing.assert_close(gate, expected, rtol=1e-6, atol=1e-7)
+    assert gate[0, 0] == 0.0 and gate[0, 1] == 200.0 * up[0, 1]
+
+
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen2"])
+def test_logits_are_transformers_forwards(model: str) -> None:
+    """One prompt's first token through both forwards of the same engine: the logits agree to float32 noise."""
+    core = _core(model)
+    prompt = list(range(30, 75))
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=5)
+    core.add_request("own", prompt, params)
+    own = next(o for o in core.step() if o.request_id == "own")
+    core.runner.forward = None
+    core.add_request("hf", prompt, params)
+    hf = next(o for o in core.step() if o.request_id == "hf")
+    assert own.token_ids == hf.token_ids
+    assert own.logprobs is not None and hf.logprobs is not None
+    own_top, hf_top = own.logprobs[0].top, hf.logprobs[0].top
+    assert [t for t, _, _ in own_top] == [t for t, _, _ in hf_top]
+    for (_, _, a), (_, _, b) in zip(own_top, hf_top, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        core.runner.forward = core.forward
+        bad = torch.full((2,), core.kv.num_blocks * core.kv.block_size)
+        meta = type("Meta", (), {"slot_mapping": bad, "key_cache": core.kv.key, "value_cache": core.kv.value})()
+        assert core.forward is not None
+        core.forward(torch.tensor([5, 6]), torch.tensor([0, 1]), meta, torch.tensor([1]))  # type: ignore[arg-type]
