@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from appliance.bench_served import Server, clean_env, create_keys, free_port, running
+from appliance.bench_servers import Server, clean_env, create_keys, free_port, running
 from engine.bench.runs import percentile
 
 MODEL = "random:tiny"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from appliance.bench_served import (
+from appliance.bench_servers import (
     PEERS,
     SERVED_NAME,
     WORK,

@@ -11,27 +11,32 @@ import math
 import os
 import platform
 import shutil
-import socket
+import statistics
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.bench_servers import (
+    BENCH_KEY,
+    PEERS,
+    SERVED_NAME,
+    WORK,
+    Server,
+    appliance_key,
+    appliance_server,
+    clean_env,
+    converted_model,
+    running,
+    variant_dir,
+    vllm_server,
+    warm,
+)
 from engine.bench.workload import WorkloadSpec, make_workload
 from engine.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 
-REPO = Path(__file__).resolve().parents[1]
-WORK = REPO / "data" / "served-bench"
-PEERS = REPO / "data" / "peers"
-SERVED_NAME = "bench-model"
-BENCH_KEY = "sk-vllm-bench"  # vLLM's --api-key; the appliance's key is created in its own database
-READY_TIMEOUT = 900.0  # vLLM's first start compiles for minutes on two cores
 APPLIANCE_VARIANTS = "auto/auto,none/float32,none/auto,nf4/auto,fp4/auto,int8/auto"
 
 
@@ -45,23 +50,14 @@ class Row:
     requests: int
 
 
-@dataclass(frozen=True, slots=True)
-class Server:
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    url: str
-    key: str
-    log: Path
-    ready_path: str  # the appliance's /health answers while the model still loads; its /ready does not
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m appliance.bench_served", description=__doc__)
     p.add_argument(
         "--appliance",
         default=APPLIANCE_VARIANTS,
-        help="quantization/dtype pairs ('' for none); a third part 'plain' keeps float32 weights unpacked",
+        help="quantization/dtype pairs ('' for none); a third part turns off what it names, joined by +: 'plain' "
+        "keeps float32 weights unpacked (APPLIANCE_COMPACT_WEIGHTS), 'hf' runs transformers' forward "
+        "(APPLIANCE_OWN_FORWARD)",
     )
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM runs, one per dtype ('' for none)")
     p.add_argument("--requests", type=int, default=64)
@@ -73,23 +69,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm-python", type=Path, default=PEERS / "vllm" / "bin" / "python")
     p.add_argument("--aiperf", type=Path, default=PEERS / "aiperf" / "bin" / "aiperf")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with more than 1, every server is started first and each is measured in turn, round after round, "
+        "so that a machine whose speed drifts weighs on all alike; the ratios to vLLM are taken within a round",
+    )
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands, workload) and start nothing")
     return p.parse_args(argv)
 
 
-def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, str, str, bool]]:
-    """(row name, quantization, dtype, compact weights) per appliance run; one that resolves like the defaults is
-    not rerun."""
+def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, str, str, frozenset[str]]]:
+    """(row name, quantization, dtype, what is turned off) per appliance run; one that resolves like the defaults
+    is not rerun."""
     rows, seen = [], set()
     for variant in filter(None, (s.strip() for s in spec.split(","))):
         quantization, _, rest = variant.partition("/")
-        dtype, _, weights = rest.partition("/")
+        dtype, _, off = rest.partition("/")
         dtype = dtype or "auto"
         resolved = (
             auto_quantization("cpu", flags) if quantization == "auto" else quantization,
             auto_cpu_dtype(flags) if dtype == "auto" else dtype,
-            weights != "plain",
+            frozenset(filter(None, off.split("+"))),
         )
         if resolved in seen:
             continue
@@ -145,88 +148,6 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("APPLIANCE_", "VLLM_"))}
-
-
-def appliance_server(name: str, quantization: str, dtype: str, compact: bool, data_dir: Path) -> Server:
-    port = free_port()
-    env = clean_env() | {
-        "APPLIANCE_DATA_DIR": str(data_dir),
-        "APPLIANCE_PORT": str(port),
-        "APPLIANCE_QUANTIZATION": quantization,
-        "APPLIANCE_DTYPE": dtype,
-        "APPLIANCE_COMPACT_WEIGHTS": str(compact).lower(),
-        "APPLIANCE_SERVED_MODEL_NAME": SERVED_NAME,
-        "APPLIANCE_LOG_LEVEL": "warning",
-    }
-    appliance = str(Path(sys.executable).with_name("appliance"))
-    log = WORK / f"{name.split(' (')[0].replace(', ', '-').replace('/', '-').replace(' ', '')}.log"
-    return Server(name, [appliance, "serve"], env, f"http://127.0.0.1:{port}", "", log, "/ready")
-
-
-def vllm_server(python: Path, model_dir: Path, dtype: str) -> Server:
-    port = free_port()
-    # One OpenMP thread, as the appliance's engine takes on two cores; 1 GiB of KV, as the appliance's default.
-    env = clean_env() | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-    command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", "2048",
-        "--port", str(port), "--api-key", BENCH_KEY,
-    ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    return Server(f"vLLM CPU 0.32, {dtype}", command, env, url, BENCH_KEY, WORK / f"vllm-{dtype}.log", "/health")
-
-
-@contextmanager
-def running(server: Server) -> Iterator[None]:
-    with server.log.open("w") as log:
-        process = subprocess.Popen(server.command, env=server.env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        started = time.monotonic()
-        while not _ready(server.url + server.ready_path):
-            if process.poll() is not None:
-                raise RuntimeError(f"{server.name} exited with {process.returncode}; see {server.log}")
-            if time.monotonic() - started > READY_TIMEOUT:
-                raise TimeoutError(f"{server.name} was not ready in {READY_TIMEOUT:.0f} s; see {server.log}")
-            time.sleep(1)
-        print(f"  {server.name}: ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def warm(url: str, key: str) -> None:
-    """One short request, so that neither server's first-request costs land in the measurement."""
-    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        response.read()
-
-
 def aiperf_command(
     args: argparse.Namespace, server: Server, key: str, model_dir: Path, dataset: Path, out: Path
 ) -> list[str]:
@@ -238,42 +159,18 @@ def aiperf_command(
     ]  # fmt: skip
 
 
-def measure(args: argparse.Namespace, server: Server, key: str, model_dir: Path, dataset: Path) -> Row:
-    out = WORK / ("aiperf-" + server.log.stem)
+def measure(args: argparse.Namespace, server: Server, key: str, model_dir: Path, dataset: Path, round_: int = 0) -> Row:
+    stem = server.log.stem + (f"-{round_ + 1}" if args.rounds > 1 else "")
+    out = WORK / ("aiperf-" + stem)
     shutil.rmtree(out, ignore_errors=True)
     warm(server.url, key)
     command = aiperf_command(args, server, key, model_dir, dataset, out)
-    with (WORK / f"{server.log.stem}.aiperf.log").open("w") as log:
+    with (WORK / f"{stem}.aiperf.log").open("w") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, env=clean_env())
     exports = sorted(out.rglob("profile_export_aiperf.json"))
     if not exports:
         raise RuntimeError(f"aiperf wrote no profile_export_aiperf.json under {out}")
-    return read_row(server.name, exports[0])
-
-
-def appliance_key(data_dir: Path) -> str:
-    """Migrate the bench's own database and create one key without limits in it."""
-    return create_keys(data_dir, ["bench"])["bench"]
-
-
-def create_keys(data_dir: Path, names: list[str]) -> dict[str, str]:
-    """Migrate the database in data_dir and create a key without limits per name (the CLI prints it once)."""
-    env = clean_env() | {"APPLIANCE_DATA_DIR": str(data_dir)}
-    appliance = str(Path(sys.executable).with_name("appliance"))
-    subprocess.run([appliance, "migrate"], env=env, check=True, capture_output=True)
-    keys = {}
-    for name in names:
-        made = subprocess.run([appliance, "keys", "create", name], env=env, check=True, capture_output=True, text=True)
-        keys[name] = made.stdout.strip().splitlines()[-1]
-    return keys
-
-
-def converted_model(data_dir: Path) -> Path:
-    """The appliance's safetensors copy of the bundled model: an HF directory vLLM and aiperf's tokenizer read."""
-    found = sorted((data_dir / "models").glob("SmolLM2-135M-Instruct*/config.json"))
-    if not found:
-        raise RuntimeError(f"no converted model under {data_dir / 'models'}: run at least one appliance variant")
-    return found[0].parent
+    return read_row(server.name + (f" #{round_ + 1}" if args.rounds > 1 else ""), exports[0])
 
 
 def cpu_model() -> str:
@@ -299,19 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{spec.sigma}, ignore_eos, seed {spec.seed}; client aiperf 0.13 (fixed schedule)"
     )
     if args.dry_run:
-        for name, quantization, dtype, compact in plan:
-            print(
-                f"would run {name}: APPLIANCE_QUANTIZATION={quantization} APPLIANCE_DTYPE={dtype} "
-                f"APPLIANCE_COMPACT_WEIGHTS={str(compact).lower()} appliance serve"
-            )
+        for name, quantization, dtype, off in plan:
+            toggles = f"APPLIANCE_COMPACT_WEIGHTS={str('plain' not in off).lower()} "
+            toggles += f"APPLIANCE_OWN_FORWARD={str('hf' not in off).lower()}"
+            print(f"would run {name}: APPLIANCE_QUANTIZATION={quantization} APPLIANCE_DTYPE={dtype} {toggles} serve")
         for dtype in vllm_dtypes:
             print(f"would run {vllm_server(args.vllm_python, Path('MODEL_DIR'), dtype).name}")
         return 0
     WORK.mkdir(parents=True, exist_ok=True)
     data_dir = WORK / "appliance"
     dataset = WORK / "workload.jsonl"
-    key = appliance_key(data_dir)
-    rows: list[Row] = []
+    keys = [appliance_key(variant_dir(data_dir, i)) for i in range(len(plan))]
     model_dir: Path | None = None
 
     def prepared() -> Path:
@@ -324,20 +219,65 @@ def main(argv: list[str] | None = None) -> int:
             write_dataset(dataset, spec, AutoTokenizer.from_pretrained(model_dir))
         return model_dir
 
-    for name, quantization, dtype, compact in plan:
-        server = appliance_server(name, quantization, dtype, compact, data_dir)
-        with running(server):
-            rows.append(measure(args, server, key, prepared(), dataset))
-        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
-    for dtype in vllm_dtypes:
-        server = vllm_server(args.vllm_python, prepared(), dtype)
-        with running(server):
-            rows.append(measure(args, server, BENCH_KEY, prepared(), dataset))
-        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
-    print(table(rows))
+    appliances = [
+        (appliance_server(name, q, d, off, variant_dir(data_dir, i)), keys[i])
+        for i, (name, q, d, off) in enumerate(plan)
+    ]
+
+    def peers() -> list[tuple[Server, str]]:  # after an appliance has converted the model vLLM serves
+        return [(vllm_server(args.vllm_python, prepared(), dtype), BENCH_KEY) for dtype in vllm_dtypes]
+
+    def measured(server: Server, key: str, round_: int) -> Row:
+        row = measure(args, server, key, prepared(), dataset, round_)
+        print(table([row]).splitlines()[-1], file=sys.stderr)
+        return row
+
+    rounds: list[list[Row]] = []
+    if args.rounds == 1:  # one server up at a time
+        rows = []
+        for server, key in appliances:
+            with running(server):
+                rows.append(measured(server, key, 0))
+        for server, key in peers():
+            with running(server):
+                rows.append(measured(server, key, 0))
+        rounds.append(rows)
+    else:  # every server up, measured in turn
+        with ExitStack() as stack:
+            for server, _ in appliances:
+                stack.enter_context(running(server))
+            servers = appliances + peers()
+            for server, _ in servers[len(appliances) :]:
+                stack.enter_context(running(server))
+            for round_ in range(args.rounds):
+                rounds.append([measured(server, key, round_) for server, key in servers])
+    print(table([row for rows in rounds for row in rows]))
+    if args.rounds > 1:
+        print(summary(rounds))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+        args.json.write_text(json.dumps([asdict(r) for rows in rounds for r in rows], indent=2) + "\n")
     return 0
+
+
+def summary(rounds: list[list[Row]]) -> str:
+    """Each server's median output tok/s over the rounds and its ratio to the first vLLM row within each round."""
+    lines = ["| served (median over rounds) | output tok/s | TTFT p95 | inter-token p50 | vs vLLM, each round |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for i, first in enumerate(rounds[0]):
+        runs = [rows[i] for rows in rounds]
+        ratios = []
+        for rows in rounds:
+            peer = next((r for r in rows if r.name.startswith("vLLM")), None)
+            if peer is not None and peer.output_tokens_per_s > 0:
+                ratios.append(rows[i].output_tokens_per_s / peer.output_tokens_per_s)
+        each = " ".join(f"{r:.2f}x" for r in ratios)
+        mid = f" (median {statistics.median(ratios):.2f}x)" if ratios else ""
+        lines.append(
+            f"| {first.name.rsplit(' #', 1)[0]} | {statistics.median(r.output_tokens_per_s for r in runs):.1f} "
+            f"| {statistics.median(r.ttft_p95_ms for r in runs) / 1000:.2f} s "
+            f"| {statistics.median(r.itl_p50_ms for r in runs):.0f} ms | {each}{mid} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from appliance.bench_served import Row, read_row, table, variants, write_dataset
+from appliance.bench_served import Row, read_row, summary, table, variants, write_dataset
 from engine.bench.workload import WorkloadSpec
 
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
@@ -24,12 +24,13 @@ def test_pairs_that_resolve_like_the_defaults_are_not_run_twice() -> None:
     ]
     assert plan[0][0] == "appliance, defaults (none, bfloat16)"
     # Without AVX512-BF16 the defaults are fp32, so nf4 is a run of its own and none/float32 is not; float32
-    # weights left unpacked ('plain') are a run of their own.
-    avx2 = variants("auto/auto,none/float32,nf4/auto,none/float32/plain", frozenset({"avx2"}))
-    assert [(q, d, compact) for _, q, d, compact in avx2] == [
-        ("auto", "auto", True),
-        ("nf4", "auto", True),
-        ("none", "float32", False),
+    # weights left unpacked ('plain') or transformers' forward ('hf') are runs of their own.
+    avx2 = variants("auto/auto,none/float32,nf4/auto,none/float32/plain,auto/auto/plain+hf", frozenset({"avx2"}))
+    assert [(q, d, sorted(off)) for _, q, d, off in avx2] == [
+        ("auto", "auto", []),
+        ("nf4", "auto", []),
+        ("none", "float32", ["plain"]),
+        ("auto", "auto", ["hf", "plain"]),
     ]
     assert avx2[2][0] == "appliance, none/float32/plain (none, float32)"
 
@@ -80,3 +81,21 @@ def test_a_metric_aiperf_left_out_reads_as_not_a_number(tmp_path: Path) -> None:
     export.write_text(json.dumps({"output_token_throughput": {"avg": 10.0}}))
     row = read_row("x", export)
     assert row.output_tokens_per_s == 10.0 and math.isnan(row.itl_p50_ms) and row.requests == 0
+
+
+def test_rounds_are_summarised_by_median_and_ratio_within_each_round() -> None:
+    def row(name: str, tok_s: float) -> Row:
+        return Row(name, tok_s, 1000.0, 2000.0 + tok_s, 100.0, 128)
+
+    rounds = [
+        [row("appliance, defaults (none, float32) #1", 80.0), row("vLLM CPU 0.32, float32 #1", 50.0)],
+        [row("appliance, defaults (none, float32) #2", 60.0), row("vLLM CPU 0.32, float32 #2", 40.0)],
+        [row("appliance, defaults (none, float32) #3", 70.0), row("vLLM CPU 0.32, float32 #3", 70.0)],
+    ]
+    lines = summary(rounds).splitlines()
+    # A slow round weighs on both servers: each ratio is taken within its round, then the median of those.
+    assert (
+        lines[2]
+        == "| appliance, defaults (none, float32) | 70.0 | 2.07 s | 100 ms | 1.60x 1.50x 1.00x (median 1.50x) |"
+    )
+    assert lines[3].startswith("| vLLM CPU 0.32, float32 | 50.0 |") and lines[3].endswith("(median 1.00x) |")
