@@ -1,7 +1,7 @@
 """`appliance doctor`: checks what the appliance needs on this machine and explains each finding in one line:
 GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the compute dtype, the compiled
-attention kernel, the model, the data directory, the database schema, the port and the disk. Any failure makes
-the exit status non-zero."""
+attention kernel, the float32 linear layers and forward, the model, the data directory, the database schema, the
+port and the disk. Any failure makes the exit status non-zero."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.doctor_backends import backends_finding
+from appliance.doctor_cpu import float32_cpu_finding
 from appliance.doctor_host import FAIL, INFO, OK, WARN, Finding, HostChecks
 from appliance.doctor_vllm import vllm_finding
 from appliance.model_size import MemoryNeed, Shape, memory_need, model_shape
@@ -45,6 +46,7 @@ class Doctor(HostChecks):
             self.check_bitsandbytes,
             self.check_compute,
             self.check_decode_attention,
+            self.check_linear_layers,
             self.check_model,
             self.check_data_dir,
             self.check_database,
@@ -266,10 +268,14 @@ class Doctor(HostChecks):
 
     # -- files --------------------------------------------------------------------------------------------
 
+    @property
+    def compute_dtype(self) -> str:
+        dtype = self.settings.dtype
+        return ("bfloat16" if self.cuda else auto_cpu_dtype(cpu_flags())) if dtype == "auto" else dtype
+
     def check_compute(self) -> Finding:
         """What the engine will compute in, with the CPU flags that `auto` read to choose it (engine.hardware)."""
-        dtype = self.settings.dtype
-        chosen = ("bfloat16" if self.cuda else auto_cpu_dtype(cpu_flags())) if dtype == "auto" else dtype
+        dtype, chosen = self.settings.dtype, self.compute_dtype
         where = "CUDA" if self.cuda else f"CPU flags: {describe(cpu_flags())}"
         by_auto = ", chosen by auto" if dtype == "auto" else ""
         summary = f"quantization {self.quantization_label}; compute dtype {chosen}{by_auto} ({where})"
@@ -297,6 +303,10 @@ class Doctor(HostChecks):
                 WARN, "decode attention", f"torch's, slower on a CPU: the compiled kernel cannot be built ({exc})"
             )
         return Finding(OK, "decode attention", f"compiled for this CPU at each start (here in {seconds:.1f} s)")
+
+    def check_linear_layers(self) -> Finding:
+        """Whether float32 on a CPU gets compact weights and the engine's own forward (engine.kernel_build)."""
+        return float32_cpu_finding(self.settings, self.cuda, self.compute_dtype)
 
     def check_model(self) -> Finding:
         model = self.settings.model

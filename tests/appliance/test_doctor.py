@@ -25,7 +25,7 @@ from web.static import VENDOR_DIR
 from web.static.assets import ASSETS
 
 CHECKS = [
-    *("gpu", "cuda", "memory", "bitsandbytes", "compute", "decode attention", "model"),
+    *("gpu", "cuda", "memory", "bitsandbytes", "compute", "decode attention", "linear layers", "model"),
     *("data dir", "database", "port", "disk", "assets"),
 ]
 LINE = re.compile(r"^(ok|info|warn|fail) +(" + "|".join(CHECKS) + r") +\S")
@@ -69,6 +69,22 @@ def test_decode_attention_is_compiled_here_and_a_missing_compiler_is_named(
     assert insisted.level == "fail" and "APPLIANCE_DECODE_ATTENTION=compiled" in insisted.message
     chosen = doctor(data_dir=str(data_dir), device="cpu", decode_attention="torch").check_decode_attention()
     assert chosen.level == "info"
+
+
+def test_float32_linear_layers_are_compact_here_and_the_other_cases_say_why(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not torch.cuda.is_available():
+        found = doctor(data_dir=str(data_dir), dtype="float32").check_linear_layers()
+        assert found.level == "ok" and "compact weights and the engine's own forward" in found.message, found.message
+    bf16 = doctor(data_dir=str(data_dir), device="cpu", dtype="bfloat16").check_linear_layers()
+    assert bf16.level == "info" and "in bfloat16" in bf16.message
+    off = doctor(data_dir=str(data_dir), device="cpu", dtype="float32", compact_weights="false", own_forward="false")
+    assert off.check_linear_layers().level == "info"
+    assert doctor(data_dir=str(data_dir), engine="vllm").check_linear_layers().level == "info"
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    missing = doctor(data_dir=str(data_dir), device="cpu", dtype="float32").check_linear_layers()
+    assert missing.level == "warn" and "cc failed" in missing.message
 
 
 def test_a_missing_model_fails(data_dir: Path, tmp_path: Path) -> None:
