@@ -201,9 +201,9 @@ def measure_overhead(loaded: LoadedModel, config: EngineConfig, running: int = 6
 
         return wrapper
 
-    model = core.runner.model
-    forward, sample = model.forward, runner_module.sample
-    model.forward = timed("forward", forward)
+    runner = core.runner  # the forward: the engine's own or the model's, whichever the runner calls
+    sample = runner_module.sample
+    runner._logits = timed("forward", runner._logits)  # type: ignore[method-assign]
     runner_module.sample = timed("sampling", sample)
     try:
         t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def measure_overhead(loaded: LoadedModel, config: EngineConfig, running: int = 6
             core.step()
         total = time.perf_counter() - t0
     finally:
-        model.forward = forward
+        del runner._logits
         runner_module.sample = sample
     ms = 1000 / steps
     return {
