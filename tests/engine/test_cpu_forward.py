@@ -101,12 +101,23 @@ def test_rotary_embedding_is_transformers_own_bit_for_bit_and_the_pool_gets_keys
 
 def test_silu_times_up_follows_torch() -> None:
     g = torch.Generator().manual_seed(2)
-    gate, up = torch.randn(6, 40, generator=g) * 8, torch.randn(6, 40, generator=g)
-    gate[0, 0], gate[0, 1] = -200.0, 200.0  # e^200 overflows: SiLU is then 0 and the input itself
+    gate, up = torch.randn(6, 43, generator=g) * 8, torch.randn(6, 43, generator=g)  # 43: 5 vectors and 3 more
+    gate[0, 0], gate[0, 1], gate[1, 42] = -200.0, 200.0, -200.0  # e^200 overflows: SiLU is then 0 or the input
     expected = torch.nn.functional.silu(gate) * up
-    OPS.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), 6, 40)
+    OPS.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), 6, 43)
     torch.testing.assert_close(gate, expected, rtol=1e-6, atol=1e-7)
-    assert gate[0, 0] == 0.0 and gate[0, 1] == 200.0 * up[0, 1]
+    assert gate[0, 0] == 0.0 and gate[0, 1] == 200.0 * up[0, 1] and gate[1, 42] == 0.0
+
+
+def test_silu_is_as_close_to_the_exact_value_as_torchs_over_the_whole_range() -> None:
+    x = torch.cat([torch.linspace(-100, 100, 400_001), torch.tensor([0.0, -0.0, 87.4, -87.4, 88.5, -88.5])])
+    gate, up = x.clone().view(1, -1), torch.ones(1, x.numel())
+    OPS.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), 1, x.numel())
+    exact = x.double() / (1 + torch.exp(-x.double()))
+    relative = (gate[0].double() - exact).abs() / exact.abs().clamp_min(1e-30)
+    torchs = (torch.nn.functional.silu(x).double() - exact).abs() / exact.abs().clamp_min(1e-30)
+    assert relative[exact.abs() > 1e-30].max() < 4e-7 and torchs[exact.abs() > 1e-30].max() < 4e-7  # ~3 ulps
+    assert (gate[0].abs() <= 1e-30).equal(exact.abs() <= 1e-30)  # underflows where the exact value does
 
 
 @pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen2"])
