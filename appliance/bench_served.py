@@ -244,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         rounds.append(rows)
     else:  # every server up, measured in turn
         with ExitStack() as stack:
-            for server, _ in appliances:
+            servers = []
+            for server, key in appliances:  # the appliances first: vLLM serves the model they convert
                 stack.enter_context(running(server))
-            servers = appliances + peers()
-            for server, _ in servers[len(appliances) :]:
+                servers.append((server, key))
+            for server, key in peers():
                 stack.enter_context(running(server))
+                servers.append((server, key))
             for round_ in range(args.rounds):
                 rounds.append([measured(server, key, round_) for server, key in servers])
     print(table([row for rows in rounds for row in rows]))

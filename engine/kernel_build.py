@@ -43,8 +43,9 @@ FLAGS = (
     "-fPIC",
     "-shared",
 )
-# The layer's elementwise operations follow transformers' rounding: no fused multiply-adds, and infinities kept
-# (SiLU of a large negative number divides by one). The sum of squares may still be reassociated.
+# The layer's elementwise operations follow transformers' rounding: no fused multiply-adds the source does not
+# write (only its e^x does), and infinities kept (SiLU of a large negative number divides by one). The sum of
+# squares may still be reassociated.
 LAYER_FLAGS = (
     "-O3",
     "-fno-math-errno",

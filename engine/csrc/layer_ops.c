@@ -3,7 +3,8 @@
  *
  * Each follows transformers' own arithmetic step by step (built with -ffp-contract=off, so a product and a sum
  * round separately as torch's separate kernels do), so the engine's greedy tokens stay those of transformers'
- * generate; only a norm's sum of squares is added in another order.
+ * generate; only a norm's sum of squares is added in another order, and SiLU's e^x is computed here (within
+ * 3.7e-7 relative, as torch's own vectorised one is within 2.6e-7).
  */
 #include <math.h>
 #include <stdint.h>
