@@ -149,13 +149,16 @@ def test_requests_spread_over_the_backends_with_exact_usage(fleet: Fleet) -> Non
         assert sum(r["prompt_tokens"] for r in served) == sum(r["prompt_tokens"] for r in mine)
         assert sum(r["completion_tokens"] for r in served) == sum(r["completion_tokens"] for r in mine) == 8 * len(mine)
     assert history(fleet.gateway, backend=next(iter(fleet.backends)))  # the history filters by backend
-    # The gateway times each remote delta it relays (what it adds per token), per backend.
+    # The gateway times each remote delta it relays (what it adds per token), per backend: at least every content
+    # delta the clients read after each stream's first. (Fewer than 8 where the random model's byte tokens left a
+    # character unfinished: a delta with no text is no frame, at the backend or here.)
     metrics = httpx.get(fleet.gateway.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
     for name in fleet.backends:
         line = next(
             x for x in metrics.splitlines() if x.startswith(f'appliance_backend_relay_seconds_count{{backend="{name}"')
         )
-        assert float(line.rsplit(" ", 1)[1]) >= 6 * spread[name]  # 7 deltas after each first one
+        relayed = sum(o.tokens - 1 for o in outcomes if rows[o.request_id]["backend"] == name)
+        assert relayed >= 2 * spread[name] and float(line.rsplit(" ", 1)[1]) >= relayed, (line, relayed)
 
 
 def test_upstream_keys_appear_in_no_log_page_or_api(fleet: Fleet) -> None:
