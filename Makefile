@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Touched once every pinned asset is in web/static/vendor/ (assets.py skips files that already have their hash).
 ASSETS := $(VENV)/.assets
 # Debian packages: npm fetches the front-end assets; gcc builds the engine's decode attention for this CPU at each
-# start (engine/decode_kernel.py; without it the engine falls back to torch's, slower); the rest only the tests use
+# start (engine/cpu/decode_kernel.py; without it the engine falls back to torch's, slower); the rest only the tests use
 # (postgresql: tests/postgres starts its own server from the binaries under /usr/lib/postgresql/N/bin;
 # pg_ctlcluster on PATH says they are there).
 RUN_APT := npm=npm cc=gcc
@@ -38,8 +38,8 @@ $(ASSETS): $(STAMP) web/static/assets.py
 VLLM_ENV := data/peers/vllm
 vllm-env: $(VLLM_ENV)/.installed
 
-$(VLLM_ENV)/.installed: appliance/vllm_env.sh
-	appliance/vllm_env.sh $(VLLM_ENV) $(PYTHON)
+$(VLLM_ENV)/.installed: appliance/vllm/env.sh
+	appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
@@ -64,7 +64,7 @@ pytest: sysdeps-test setup vllm-env
 test: lint typecheck pytest
 
 bench: setup
-	$(PY) -m engine.bench
+	$(PY) -m bench.engine
 
 clean:
 	rm -rf $(VENV) data/test-cache

@@ -298,7 +298,7 @@ install_packages() {
     if [ "$ENGINE" = vllm ]; then
         # Its own venv: vLLM pins its own torch. One script with `make vllm-env`, pinned there.
         status "installing vLLM in $VLLM_VENV (this can take a few minutes)"
-        "$SOURCE/appliance/vllm_env.sh" "$VLLM_VENV" "$PYTHON"
+        "$SOURCE/appliance/vllm/env.sh" "$VLLM_VENV" "$PYTHON"
     fi
 }
 

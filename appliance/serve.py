@@ -97,7 +97,7 @@ def serve(settings: Settings) -> None:
         access_log=False,  # every request has its history row; a log line each would cost CPU under load
         lifespan="on",
         # uvloop and httptools (both dependencies): per streamed token they cost the server a third less CPU than
-        # asyncio and h11, which is what keeps 100 streams within a few ms of the engine (python -m web.bench).
+        # asyncio and h11, which is what keeps 100 streams within a few ms of the engine (python -m bench.stream).
         loop="uvloop",
         # httptools, with a deadline to send each request and a cap on connections (appliance.connections).
         http=guarded_protocol(guard),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from socket import gethostname
 
-from appliance.models import LocalModels
+from appliance.models.catalogue import LocalModels
 from appliance.settings import Settings, load_settings
-from appliance.vllm_engine import VllmEngineClient
+from appliance.vllm.engine import VllmEngineClient
 from engine import AsyncEngineClient, EngineConfig
 from web.app import Gateway
 from web.app import build_gateway as build_web_gateway

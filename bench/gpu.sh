@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one script: the gpu-marked engine tests, then `python -m engine.bench.gpu` (capacity under a
+# The GPU check in one script: the gpu-marked engine tests, then `python -m bench.engine.gpu` (capacity under a
 # 24 GiB cap, continuous vs static vs transformers' continuous batching, memory split), written to one JSON file
 # and a short text table.
 #
@@ -11,7 +11,7 @@
 #                                runs the tests and the benchmark; results in DIR (default artifacts/gpu)
 #   bench/gpu.sh --dry-run       anywhere: the same on the CPU with random:tiny, to check the script; the figures
 #                                of a dry run mean nothing
-# Extra arguments go to engine.bench.gpu (e.g. --streams 160 --cap-gib 24). PYTHON picks the interpreter.
+# Extra arguments go to bench.engine.gpu (e.g. --streams 160 --cap-gib 24). PYTHON picks the interpreter.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +46,7 @@ if [ "$MODE" = prepare ]; then
         -d "$CARRY/wheels" bitsandbytes==0.50.2 msgspec==0.22.0 transformers==5.24.0
     XDG_DATA_HOME=$CARRY/data "$PYTHON" -c '
 from engine.config import EngineConfig
-from engine.loader import random_model_dir
+from engine.model.loader import random_model_dir
 print(random_model_dir("tiny", EngineConfig().model_cache_dir))  # the other presets take its tokenizer there
 '
     du -sh "$CARRY"
@@ -79,7 +79,7 @@ if [ "$MODE" = dry-run ]; then
     BENCH_ARGS=(--dry-run "${BENCH_ARGS[@]}")
 fi
 set +e
-"$PYTHON" -m engine.bench.gpu --out "$OUT_DIR" "${BENCH_ARGS[@]}"
+"$PYTHON" -m bench.engine.gpu --out "$OUT_DIR" "${BENCH_ARGS[@]}"
 BENCH=$?
 set -e
 echo "results: $OUT_DIR/gpu.json, $OUT_DIR/gpu.txt, $OUT_DIR/gpu-tests.txt" >&2

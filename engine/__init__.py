@@ -16,11 +16,11 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
-from engine.fair import TenantBook
-from engine.guided import validate_guided
 from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
+from engine.sample.guided import validate_guided
 from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
-from engine.tenant import DEFAULT_TENANT, Tenant
+from engine.sched.fair import TenantBook
+from engine.sched.tenant import DEFAULT_TENANT, Tenant
 
 if TYPE_CHECKING:
     from engine.llm import LLM, CompletionResult

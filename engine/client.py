@@ -46,7 +46,7 @@ from engine.messages import (
     ToCore,
 )
 from engine.sampling_params import SamplingParams
-from engine.tenant import Tenant
+from engine.sched.tenant import Tenant
 
 log = logging.getLogger("engine.client")
 

@@ -10,10 +10,10 @@ from typing import Literal
 from engine.errors import ConfigError
 from engine.logs import LEVELS
 
-# auto: nf4 on CUDA, none on a CPU (engine.hardware says why).
+# auto: nf4 on CUDA, none on a CPU (engine.cpu.hardware says why).
 Quantization = Literal["auto", "none", "nf4", "fp4", "int8"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-# fair: continuous batching, tenants admitted by their fair-share counters (engine.fair); fcfs: continuous
+# fair: continuous batching, tenants admitted by their fair-share counters (engine.sched.fair); fcfs: continuous
 # batching in arrival order ("continuous" is its older name); static and sequential: the baselines.
 Policy = Literal["fair", "fcfs", "continuous", "static", "sequential"]
 # auto: the C kernel built at start on a CPU where it builds, else torch's; compiled: that kernel or no start.
@@ -59,12 +59,12 @@ class EngineConfig:
     seed: int = 0
     cache_dir: str | None = None
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
-    decode_attention: DecodeAttention = "auto"  # engine.decode_kernel
-    prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/prepack.py); off to compare
+    decode_attention: DecodeAttention = "auto"  # engine.cpu.decode_kernel
+    prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/cpu/prepack.py); off to compare
     # float32 linear layers on a CPU with their weights in the narrowest form that holds them exactly
-    # (engine/packed_linear.py); off to compare
+    # (engine/cpu/packed_linear.py); off to compare
     compact_weights: bool = True
-    # Llama-family models on a CPU in float32: the engine's own forward (engine/cpu_forward.py); off: transformers'
+    # Llama-family models on a CPU in float32: the engine's own forward (engine/model/forward.py); off: transformers'
     own_forward: bool = True
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 

@@ -13,18 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.allocator import keep_freed_memory
-from engine.attention import ATTENTION_NAME
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.cpu_forward import cpu_forward
-from engine.decode_kernel import attention_kernel
-from engine.detokenizer import IncrementalDetokenizer
+from engine.cpu.allocator import keep_freed_memory
+from engine.cpu.decode_kernel import attention_kernel
 from engine.errors import ConfigError, InvalidRequestError
-from engine.guided import GrammarCache, refusal
-from engine.guided_batch import GuidedBatch
-from engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
-from engine.loader import LoadedModel, load_model
 from engine.messages import (
     QUEUE_SNAPSHOT,
     EngineStats,
@@ -35,13 +27,21 @@ from engine.messages import (
     Timings,
     Usage,
 )
-from engine.request import Request, RequestStatus
-from engine.runner import ModelRunner
-from engine.sampler import TopLogprobs
+from engine.model.attention import ATTENTION_NAME
+from engine.model.forward import cpu_forward
+from engine.model.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
+from engine.model.loader import LoadedModel, load_model
+from engine.model.runner import ModelRunner
+from engine.sample.detokenizer import IncrementalDetokenizer
+from engine.sample.guided import GrammarCache, refusal
+from engine.sample.guided_batch import GuidedBatch
+from engine.sample.sampler import TopLogprobs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
+from engine.sched.block_manager import BlockManager
+from engine.sched.request import Request, RequestStatus
+from engine.sched.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
+from engine.sched.tenant import DEFAULT_TENANT, Tenant
 from engine.stats import StatsTracker, device_memory
-from engine.tenant import DEFAULT_TENANT, Tenant
 
 if TYPE_CHECKING:
     import xgrammar

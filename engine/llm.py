@@ -10,7 +10,7 @@ from engine.core import EngineCore
 from engine.errors import InvalidRequestError
 from engine.messages import Logprob, RequestOutput, Timings, Usage
 from engine.sampling_params import SamplingParams
-from engine.tenant import Tenant
+from engine.sched.tenant import Tenant
 
 Prompt = str | Sequence[int]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.limits import check_fits
 from engine.sampling_params import SamplingParams
-from engine.tenant import Tenant
+from engine.sched.limits import check_fits
+from engine.sched.tenant import Tenant
 
 
 class Logprob(msgspec.Struct, frozen=True, array_like=True):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from engine.request import Request
+from engine.sched.request import Request
 
 RECENT = 512
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cli import main
+from appliance.cli.main import main
 
 
 @dataclass(frozen=True, slots=True)

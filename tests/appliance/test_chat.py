@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance.chat import Api, ChatError, explain, printable
+from appliance.cli.chat import Api, ChatError, explain, printable
 from tests.web.conftest import ADMIN
 from tests.web.server import REPO, Server, start_server
 
@@ -36,7 +36,7 @@ class Terminal:
         if pid == 0:  # the child: becomes the chat, or exits at once
             try:
                 os.chdir(REPO)
-                os.execve(sys.executable, [sys.executable, "-m", "appliance.cli", "chat", *args], env)
+                os.execve(sys.executable, [sys.executable, "-m", "appliance.cli.main", "chat", *args], env)
             finally:
                 os._exit(127)
         self.pid, self.fd = pid, fd

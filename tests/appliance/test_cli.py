@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cli import build_parser, settings_from
+from appliance.cli.main import build_parser, settings_from
 from tests.appliance.conftest import Cli
 from web.static import VENDOR_DIR
 from web.static.assets import ASSETS

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from appliance import doctor as doctor_module
-from appliance import doctor_host
-from appliance.doctor import GPU_NODES, Doctor
+from appliance.doctor import host as doctor_host
+from appliance.doctor import report as doctor_module
+from appliance.doctor.report import GPU_NODES, Doctor
 from appliance.settings import load_settings
 from tests.appliance.conftest import Cli
 from web.static import VENDOR_DIR
@@ -130,13 +130,13 @@ def test_without_quantization_bitsandbytes_is_skipped(data_dir: Path) -> None:
 
 
 def test_the_auto_choices_follow_the_cpu_flags(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("appliance.doctor.cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr("appliance.doctor.report.cpu_flags", lambda: frozenset({"avx2"}))
     auto = doctor(data_dir=str(data_dir), device="cpu").check_compute()
     assert auto.level == "ok", auto
     assert "quantization none, chosen by auto; compute dtype float32, chosen by auto (CPU flags: avx2)" in auto.message
     forced = doctor(data_dir=str(data_dir), device="cpu", dtype="bfloat16").check_compute()
     assert forced.level == "warn" and "float32 is faster" in forced.message
-    monkeypatch.setattr("appliance.doctor.cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr("appliance.doctor.report.cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     fast = doctor(data_dir=str(data_dir), device="cpu").check_compute()
     assert "quantization none, chosen by auto; compute dtype bfloat16, chosen by auto" in fast.message
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.gguf_header import read_header
-from appliance.model_size import memory_need, model_shape
-from engine.sources import default_model_path
+from appliance.models.gguf_header import read_header
+from appliance.models.size import memory_need, model_shape
+from engine.model.sources import default_model_path
 
 GIB = 1 << 30
 LLAMA_31_8B = {

@@ -27,7 +27,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-llama/ (config, tokenizer, safetensors) and tiny.gguf, built once for the module."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from engine.loader import random_model_dir
+    from engine.model.loader import random_model_dir
 
     root = tmp_path_factory.mktemp("sources")
     base = random_model_dir("tiny", root / "cache")
@@ -123,8 +123,8 @@ def test_the_server_counts_the_served_models_memory_as_available(
     cli: Cli, sources: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A switch stops the served model first: its weights and its engine's KV pool are the new model's to use."""
-    from appliance import models
-    from appliance.model_size import Machine
+    from appliance.models import catalogue as models
+    from appliance.models.size import Machine
     from appliance.settings import load_settings
 
     assert cli("models", "add", str(sources / "tiny-llama")).code == 0

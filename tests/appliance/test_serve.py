@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from appliance.doctor import Doctor
+from appliance.doctor.report import Doctor
 from appliance.settings import load_settings
 from tests.appliance.conftest import Cli
 from tests.web.conftest import ADMIN_PASSWORD

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance.doctor_backends import backends_finding
+from appliance.doctor.backends import backends_finding
 from appliance.settings import load_settings
 from tests.web.conftest import ADMIN, METRICS_TOKEN, sign_in
 from tests.web.server import SHARED_MODEL_CACHE, Server, free_port, serving, start_server

@@ -104,7 +104,11 @@ def appliance(data: Path, **settings: str) -> Iterator[Server]:
     log = data / "server.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance.cli", "serve"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "appliance.cli.main", "serve"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -16,8 +16,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine import block_manager
-from engine.block_manager import BlockManager
+from engine.sched import block_manager
+from engine.sched.block_manager import BlockManager
 
 
 def collide_first_blocks(parent_key: int | None, tokens: tuple[int, ...]) -> int:

@@ -1,4 +1,4 @@
-"""The engine's own forward for Llama-family models on a CPU (engine/cpu_forward.py): chosen where it applies and
+"""The engine's own forward for Llama-family models on a CPU (engine/model/forward.py): chosen where it applies and
 nowhere else, its operations equal transformers' own, and its logits those of transformers' forward. (Greedy
 equivalence with transformers' generate under preemption, chunking and prefix hits runs through it in
 tests/engine/test_equivalence.py, for Llama and Qwen2.)"""
@@ -14,8 +14,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
-from engine.cpu_forward import CpuForward, cpu_forward
-from engine.kernel_build import KernelBuildError, LayerOps, build_layer_ops
+from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
+from engine.model.forward import CpuForward, cpu_forward
 
 try:
     OPS: LayerOps = build_layer_ops()
@@ -39,7 +39,7 @@ def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     core = _core()
-    with caplog.at_level(logging.INFO, logger="engine.cpu_forward"):
+    with caplog.at_level(logging.INFO, logger="engine.model.forward"):
         assert cpu_forward(core.loaded.model, torch.device("cpu"), torch.bfloat16) is None
         assert "for float32 on a CPU, not bfloat16 on cpu" in caplog.text
         assert cpu_forward(nn.Linear(4, 4), torch.device("cpu"), torch.float32) is None

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from engine.attention import DecodeGroup, _decode_attention, plan_decode_groups
+from engine.model.attention import DecodeGroup, _decode_attention, plan_decode_groups
 
 
 def cost(num_blocks: list[int], groups: list[tuple[int, int]], group_cost: int) -> int:

@@ -1,4 +1,4 @@
-"""The compiled attention (engine.decode_kernel) equals SDPA over each row's own context, for decodes and for
+"""The compiled attention (engine.cpu.decode_kernel) equals SDPA over each row's own context, for decodes and for
 prefill chunks continuing a context, for the shapes and dtypes it builds for, whatever the block tables,
 lengths and thread count; where it cannot be built the engine says why and keeps torch's, unless told to
 insist."""
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.decode_kernel import AttentionRows, KernelBuildError, RowsBuilder, attention_kernel
+from engine.cpu.decode_kernel import AttentionRows, KernelBuildError, RowsBuilder, attention_kernel
 from engine.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -200,7 +200,7 @@ def test_what_it_cannot_compute_falls_back_or_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     heads, kv_heads, head_dim = shape
-    with caplog.at_level(logging.INFO, logger="engine.decode_kernel"):
+    with caplog.at_level(logging.INFO, logger="engine.cpu.decode_kernel"):
         assert attention_kernel("auto", device, dtype, head_dim, heads, kv_heads) is None
     assert "torch's" in caplog.text and why in caplog.text
     with pytest.raises(KernelBuildError, match=why):
@@ -211,7 +211,7 @@ def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    with caplog.at_level(logging.INFO, logger="engine.decode_kernel"):
+    with caplog.at_level(logging.INFO, logger="engine.cpu.decode_kernel"):
         assert attention_kernel("auto", CPU, torch.float32, 64, 9, 3) is None
     assert "cc failed" in caplog.text
     config = EngineConfig(

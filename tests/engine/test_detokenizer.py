@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.sample.detokenizer import IncrementalDetokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPLACEMENT = "\ufffd"

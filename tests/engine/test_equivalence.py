@@ -12,13 +12,13 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from engine import EngineConfig, SamplingParams
-from engine import runner as runner_module
-from engine.attention import ATTENTION_NAME
 from engine.core import EngineCore
-from engine.loader import load_model
+from engine.cpu.packed_linear import PackedLinear
 from engine.messages import RequestOutput
-from engine.packed_linear import PackedLinear
-from engine.scheduler import SchedulerOutput
+from engine.model import runner as runner_module
+from engine.model.attention import ATTENTION_NAME
+from engine.model.loader import load_model
+from engine.sched.scheduler import SchedulerOutput
 
 
 def reference(
@@ -161,7 +161,7 @@ def test_second_family_qwen2_matches_transformers() -> None:
 
 
 def test_default_model_chat_prompts_match_transformers() -> None:
-    """The bundled model as served (its linear layers packed, engine.packed_linear) against transformers'
+    """The bundled model as served (its linear layers packed, engine.cpu.packed_linear) against transformers'
     generate on the same weights as transformers loads them, in float32."""
     config = EngineConfig(model="default", quantization="none", dtype="float32", device="cpu")
     core = EngineCore(config)

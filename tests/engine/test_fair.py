@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from engine.client import AsyncEngineClient
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
-from engine.fair import MAX_RECLAIMS, W_IN, W_OUT
 from engine.messages import AddRequest, EngineStats, QueuePosition
-from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.tenant import Tenant
+from engine.sched.fair import MAX_RECLAIMS, W_IN, W_OUT
+from engine.sched.request import Request, RequestStatus
+from engine.sched.tenant import Tenant
 from tests.engine.test_scheduler import Harness, scheduled_ids
 
 A, B, C = Tenant("a"), Tenant("b"), Tenant("c")

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.presets import PRESETS
+from engine.model.presets import PRESETS
 from tests.engine.test_equivalence import reference
 
 pytestmark = [

@@ -47,5 +47,5 @@ def test_the_gpu_script_dry_run_writes_its_results(tmp_path: Path) -> None:
 def test_the_gpu_benchmark_refuses_to_run_without_cuda_unless_dry() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    run = subprocess.run([sys.executable, "-m", "engine.bench.gpu"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "bench.engine.gpu"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--dry-run" in run.stderr

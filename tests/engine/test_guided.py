@@ -22,7 +22,7 @@ from engine import (
     SamplingParams,
     validate_guided,
 )
-from engine.guided import MAX_SCHEMA_BYTES
+from engine.sample.guided import MAX_SCHEMA_BYTES
 
 TINY = EngineConfig(model="random:tiny", quantization="none", dtype="float32", device="cpu", num_kv_blocks=512)
 

@@ -11,8 +11,8 @@ import xgrammar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.bitmask_cpu import FEW_WORDS, Bans, apply, plan
-from engine.guided_batch import _bitmask_row
+from engine.sample.bitmask_cpu import FEW_WORDS, Bans, apply, plan
+from engine.sample.guided_batch import _bitmask_row
 
 WORDS = 40  # 1,280 bits: small enough to draw, wide enough for every row kind
 

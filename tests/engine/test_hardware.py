@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.hardware import describe, parse_flags
+from engine.cpu.hardware import describe, parse_flags
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

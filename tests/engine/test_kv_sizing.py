@@ -8,7 +8,7 @@ import torch
 
 from engine import ConfigError, EngineConfig
 from engine.core import cuda_kv_budget
-from engine.kv_cache import bytes_per_block
+from engine.model.kv_cache import bytes_per_block
 
 GIB = 1 << 30
 

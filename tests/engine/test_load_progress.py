@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import loader
-from engine.load_progress import HEARTBEAT_S
 from engine.messages import ModelInfo
+from engine.model import loader
+from engine.model.load_progress import HEARTBEAT_S
 from engine.process import describe
 
 # The longest quiet stretch allowed: one heartbeat, plus room for a busy 2-core machine.

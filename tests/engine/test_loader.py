@@ -11,10 +11,10 @@ import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine import loader
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
-from engine.loader import (
+from engine.model import loader
+from engine.model.loader import (
     PRESETS,
     LoadedModel,
     default_model_path,
@@ -58,7 +58,7 @@ def test_default_model_loads_as_smollm2(default_model: LoadedModel) -> None:
     assert m.tokenizer.chat_template
     assert (m.num_layers, m.num_kv_heads, m.head_dim, m.max_model_len) == (30, 3, 64, 8192)
     # The float32 embedding (113 MB) and every linear layer in the GGUF's own 4- and 8-bit blocks (96 MB; float32
-    # would be 538 MB), which hold the float32 weights exactly (engine.packed_linear).
+    # would be 538 MB), which hold the float32 weights exactly (engine.cpu.packed_linear).
     assert 190e6 < m.weights_bytes < 240e6
     assert not m.model.training and not any(p.requires_grad for p in m.model.parameters())
     assert len(AutoTokenizer.from_pretrained(m.source_dir)) == len(m.tokenizer)

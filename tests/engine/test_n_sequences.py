@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.block_manager import BlockManager
-from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerLimits
+from engine.sched.block_manager import BlockManager
+from engine.sched.request import Request
+from engine.sched.scheduler import Scheduler, SchedulerLimits
 
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    # float32: a copy that hits the prefix cache attends through another path (engine.decode_kernel) than one that
+    # float32: a copy that hits the prefix cache attends through another path (engine.cpu.decode_kernel) than one that
     # computes the prompt; in bf16 the logits differ in the last bits, enough to move a seeded draw over the
     # random model's nearly flat distribution.
     config = EngineConfig(model="random:tiny", quantization="none", dtype="float32", device="cpu", num_kv_blocks=512)

@@ -1,4 +1,4 @@
-"""Linear layers with exactly packed weights (engine/packed_linear.py): every form widens back to the very float32
+"""Linear layers with exactly packed weights (engine/cpu/packed_linear.py): every form widens back to the very float32
 weights, products match torch's at every row count, and the engine gives the same greedy tokens with them as with
 float32 weights and as transformers' generate."""
 
@@ -13,8 +13,8 @@ from torch import nn
 
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
-from engine.kernel_build import KernelBuildError, build_packed_linear
-from engine.packed_linear import PackedLinear, pack_exactly, pack_linears
+from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
+from engine.cpu.packed_linear import PackedLinear, pack_exactly, pack_linears
 from tests.engine.test_equivalence import reference, run
 
 try:
@@ -144,7 +144,7 @@ def test_without_a_compiler_the_layers_stay_plain(
     with torch.no_grad():
         model[0].weight.copy_(q4_values(32, 64))
         model[1].weight.copy_(q4_values(16, 32))
-    with caplog.at_level(logging.INFO, logger="engine.packed_linear"):
+    with caplog.at_level(logging.INFO, logger="engine.cpu.packed_linear"):
         assert pack_linears(model) == {"plain": 2}
     assert [type(m).__name__ for m in model] == ["Linear", "Linear"]
     assert "torch's, as the packed kernel is unavailable" in caplog.text and "cc failed" in caplog.text

@@ -1,4 +1,4 @@
-"""bf16 linear layers prepacked for oneDNN (engine/prepack.py) give the engine the same greedy tokens as plain
+"""bf16 linear layers prepacked for oneDNN (engine/cpu/prepack.py) give the engine the same greedy tokens as plain
 ones, and every plain linear layer is replaced (on a CPU whose torch has oneDNN's bf16 path; skipped elsewhere)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from engine import EngineConfig, SamplingParams
+from engine.cpu.prepack import PrepackedLinear, prepack_linears, prepack_supported
 from engine.llm import LLM
-from engine.prepack import PrepackedLinear, prepack_linears, prepack_supported
 
 pytestmark = pytest.mark.skipif(
     not prepack_supported(torch.device("cpu"), torch.bfloat16), reason="this CPU's torch has no oneDNN bf16 linear"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, InvalidRequestError, SamplingParams
-from engine.sampler import sample
+from engine.sample.sampler import sample
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, InvalidRequestError, SamplingParams
-from engine.penalties import apply_penalties
-from engine.sampler import DRAW_BLOCK, sample
+from engine.sample.penalties import apply_penalties
+from engine.sample.sampler import DRAW_BLOCK, sample
 
 
 @dataclass

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.errors import ContextLengthError, QueueFullError
-from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import CONTINUOUS_POLICIES, Scheduler, SchedulerLimits, SchedulerOutput
-from engine.tenant import DEFAULT_TENANT, Tenant
+from engine.sched.block_manager import BlockManager
+from engine.sched.request import Request, RequestStatus
+from engine.sched.scheduler import CONTINUOUS_POLICIES, Scheduler, SchedulerLimits, SchedulerOutput
+from engine.sched.tenant import DEFAULT_TENANT, Tenant
 
 EOS = 2
 POLICIES = ("fair", "continuous", "static", "sequential")

@@ -14,9 +14,9 @@ import openai
 import psutil
 import pytest
 
-from appliance.doctor import Doctor
+from appliance.doctor.report import Doctor
 from appliance.settings import Settings, SettingsError, load_settings
-from appliance.vllm_process import plan
+from appliance.vllm.process import plan
 from tests.peers.vllm import MAX_MODEL_LEN, VLLM_CACHE, VllmModel
 from tests.web.conftest import _LOGIN_TOKEN, ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
 from tests.web.server import Server, serving

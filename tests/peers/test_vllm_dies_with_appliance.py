@@ -16,7 +16,7 @@ from tests.web.server import REPO
 
 DRIVER = """
 import asyncio, os, sys
-from appliance.vllm_process import Launch, spawn
+from appliance.vllm.process import Launch, spawn
 
 async def main():
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", "1"]

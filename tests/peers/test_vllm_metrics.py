@@ -3,8 +3,8 @@ pool from vllm:cache_config_info and its counters summed over label sets (lines 
 
 from __future__ import annotations
 
-from appliance.vllm_metrics import Scrape, stats_of
-from appliance.vllm_process import Launch
+from appliance.vllm.metrics import Scrape, stats_of
+from appliance.vllm.process import Launch
 from engine import ModelInfo
 
 METRICS = """\

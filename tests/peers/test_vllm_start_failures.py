@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from appliance.settings import load_settings
-from appliance.vllm_engine import VllmEngineClient
+from appliance.vllm.engine import VllmEngineClient
 from engine import ModelLoadError
 
 

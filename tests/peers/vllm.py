@@ -54,7 +54,7 @@ def ensure_vllm_env() -> Path:
 
 def bundled_model_dir() -> Path:
     """The converted HF directory of the bundled GGUF, by the embedded loader's own conversion (once per cache)."""
-    from engine.loader import _checkpoint_dir
+    from engine.model.loader import _checkpoint_dir
 
     path, _ = _checkpoint_dir("default", SHARED_MODEL_CACHE, lambda line: None)
     return path.resolve()
@@ -87,7 +87,7 @@ def vllm_server(vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory)
     port, key = free_port(), "sk-vllm-" + secrets.token_hex(8)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("APPLIANCE_", "VLLM_"))}
     env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(VLLM_CACHE), "VLLM_NO_USAGE_STATS": "1"}
-    env["VLLM_USE_AOT_COMPILE"] = "0"  # as the appliance starts it (appliance/vllm_process.py says why)
+    env["VLLM_USE_AOT_COMPILE"] = "0"  # as the appliance starts it (appliance/vllm/process.py says why)
     command = [
         str(vllm_model.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model.model_dir),
         "--served-model-name", SERVED_NAME, "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),

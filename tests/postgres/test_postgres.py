@@ -206,7 +206,7 @@ def pg_port(url: str) -> int:
 
 def _appliance(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args],
+        [sys.executable, "-m", "appliance.cli.main", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

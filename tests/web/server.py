@@ -1,4 +1,4 @@
-"""A real appliance server in a subprocess (`python -m appliance.cli serve`) on a free port, on random:tiny."""
+"""A real appliance server in a subprocess (`python -m appliance.cli.main serve`) on a free port, on random:tiny."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def start_server(data_dir: Path, **settings: str) -> Server:
     log_path = data_dir / f"server-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance.cli", "serve"], cwd=REPO, env=env, stdout=log, stderr=log
+            [sys.executable, "-m", "appliance.cli.main", "serve"], cwd=REPO, env=env, stdout=log, stderr=log
         )
     return Server(process, f"http://127.0.0.1:{port}", data_dir, log_path)
 

@@ -89,7 +89,7 @@ def test_engine_config_takes_the_limits_and_the_model_cache(tmp_path: Path) -> N
 
 
 def test_cli_prints_the_settings_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from appliance.cli import main
+    from appliance.cli.main import main
 
     main(["settings"])
     out = capsys.readouterr().out
@@ -102,7 +102,7 @@ def test_cli_migrate_and_set_admin_password(
     import io
     import sqlite3
 
-    from appliance.cli import main
+    from appliance.cli.main import main
 
     monkeypatch.setenv("APPLIANCE_DATA_DIR", str(tmp_path))
     main(["migrate"])

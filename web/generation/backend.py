@@ -1,5 +1,5 @@
 """The local engine's client as the web room uses it: the embedded engine's AsyncEngineClient, the managed vLLM's
-(appliance/vllm_engine.py), web/backends/none.py's NoLocalEngine where every backend is remote, or a test
+(appliance/vllm/engine.py), web/backends/none.py's NoLocalEngine where every backend is remote, or a test
 double. The router reaches it through web/backends/embedded.py."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The `appliance` command and its sub-commands (chat, keys, status, models)."""

@@ -1,0 +1,51 @@
+"""`appliance doctor`'s look at APPLIANCE_BACKENDS: each remote server's health and the models it lists, asked the
+way the gateway asks (its key, never shown), and whether the tokenizer directory an entry names is there."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from appliance.doctor.host import FAIL, INFO, OK, WARN, Finding
+from appliance.settings import Settings
+from web.backends.spec import BackendSpec, parse_backends
+from web.backends.upstream import Upstream
+
+
+def backends_finding(settings: Settings) -> Finding:
+    backends = parse_backends(settings.backends)
+    if not backends.remotes:
+        return Finding(INFO, "backends", "none besides this box's engine (APPLIANCE_BACKENDS is empty)")
+    found = asyncio.run(_probe_all(backends.remotes))
+    up = [line for ok, line in found if ok]
+    lines = "; ".join(line for _, line in found)
+    local = " and this box's engine" if backends.embedded else ""
+    if not up:
+        level = WARN if backends.embedded else FAIL
+        return Finding(level, "backends", f"none of {len(found)} is up{local and ' (this box serves alone)'}: {lines}")
+    level = OK if len(up) == len(found) else WARN
+    return Finding(level, "backends", f"{len(up)} of {len(found)} up{local}: {lines}")
+
+
+async def _probe_all(specs: tuple[BackendSpec, ...]) -> list[tuple[bool, str]]:
+    async with httpx.AsyncClient(trust_env=False) as http:
+        return list(await asyncio.gather(*(_probe(spec, http) for spec in specs)))
+
+
+async def _probe(spec: BackendSpec, http: httpx.AsyncClient) -> tuple[bool, str]:
+    upstream = Upstream(spec.base_url, spec.api_key, http)
+    health = await upstream.health()
+    if health != "up":
+        return False, f"{spec.name} {health}"
+    try:
+        models = [spec.served_name(m.id) for m in await upstream.models()]
+    except httpx.HTTPError as exc:
+        return False, f"{spec.name} up, but its model list failed ({type(exc).__name__})"
+    serves = f"{spec.name} serves {', '.join(models) or 'nothing'}"
+    if spec.tokenizer is None:
+        return True, serves
+    if not (Path(spec.tokenizer) / "tokenizer_config.json").is_file():
+        return False, f"{serves}, but #tokenizer={spec.tokenizer} holds no tokenizer"
+    return True, f"{serves} (tokenizer {spec.tokenizer})"

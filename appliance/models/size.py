@@ -1,0 +1,242 @@
+"""How much memory a model takes before it is loaded: its shape, then weights at the chosen quantization and KV
+bytes per token. A Hugging Face directory's (and a random preset's) shape is the model transformers builds from its
+config on the meta device (accelerate's init_empty_weights: no memory, any architecture), its parameters counted
+from those tensors; a GGUF's is read from its header (no conversion), with Llama-shaped arithmetic. doctor,
+`appliance models` and the console use them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from appliance.models.gguf_header import GGUFHeaderError, read_header
+from appliance.settings import Settings
+from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags
+from engine.model.sources import RANDOM_PREFIX, default_model_path
+from web.system.models import Fit
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
+
+# bitsandbytes 4-bit: half a byte per weight plus one float32 absmax per 64-weight block (no double quant);
+# int8: one byte plus a float32 scale per row, negligible. Embeddings and lm_head are not quantized.
+QUANTIZED_BYTES_PER_PARAM = {"nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
+PRESET_VOCAB = 49152  # the random presets use the bundled model's tokenizer
+CUDA_OVERHEAD_BYTES = 1 << 30  # CUDA context, allocator slack and one forward's activations, roughly
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    params: int
+    linear_params: int  # in the Linear layers bitsandbytes quantizes (all but the output head)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    context: int
+
+    def weights_bytes(self, quantization: str, dtype_bytes: int) -> int:
+        per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
+        return int(self.linear_params * per_param + (self.params - self.linear_params) * dtype_bytes)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V, every layer: 2 x layers x kv_heads x head_dim x bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def model_shape(model: str) -> Shape:
+    """Raises ValueError (unknown form or unreadable file) or engine.ModelLoadError (default not installed)."""
+    if model.startswith(RANDOM_PREFIX):
+        from engine.model.presets import get_preset  # torch and transformers: seconds, only when asked
+
+        vocabulary = cast("PreTrainedTokenizerBase", _PresetVocabulary())  # all hf_config reads of a tokenizer
+        return _from_config(get_preset(model.removeprefix(RANDOM_PREFIX)).hf_config(vocabulary))
+    path = default_model_path() if model == "default" else Path(model).expanduser()
+    if path.is_dir():
+        return hf_directory_shape(path)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return _from_gguf(path)
+    raise ValueError(f"{model} is not a model directory, a .gguf file or random:<preset>")
+
+
+def hf_directory_shape(path: Path) -> Shape:
+    """Raises ValueError when config.json is missing or names no causal LM transformers knows."""
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} holds no config.json: not a Hugging Face model directory")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError, KeyError) as exc:  # bad JSON, no model_type, an unknown one
+        raise ValueError(f"{path / 'config.json'}: {exc}") from None
+    return _from_config(config)
+
+
+class _PresetVocabulary:
+    """What a preset's config asks of a tokenizer: its size (the bundled one's) and no special ids."""
+
+    bos_token_id = eos_token_id = pad_token_id = None
+
+    def __len__(self) -> int:
+        return PRESET_VOCAB
+
+
+def _from_config(config: PreTrainedConfig) -> Shape:
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except ValueError as exc:  # not a causal LM ("Unrecognized configuration class")
+        raise ValueError(f"{config.model_type!r} is not a causal LM transformers can build: {exc}") from None
+    head = model.get_output_embeddings()
+    head_ids = {id(p) for p in head.parameters()} if head is not None else set()
+    linear = {
+        id(p): p.numel()
+        for module in model.modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+        for p in module.parameters()
+        if id(p) not in head_ids
+    }
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    return Shape(
+        params=sum(p.numel() for p in model.parameters()),  # tied weights are one parameter, counted once
+        linear_params=sum(linear.values()),
+        layers=text.num_hidden_layers,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        context=getattr(text, "max_position_embeddings", None) or 2048,
+    )
+
+
+def _from_gguf(path: Path) -> Shape:
+    try:
+        header = read_header(path)
+    except GGUFHeaderError as exc:
+        raise ValueError(str(exc)) from None
+
+    def field(key: str) -> Any:
+        if key not in header.values:
+            raise ValueError(f"{path.name} has no {key} metadata")
+        return header.values[key]
+
+    arch = field("general.architecture")
+    hidden, heads = int(field(f"{arch}.embedding_length")), int(field(f"{arch}.attention.head_count"))
+    key_length = header.values.get(f"{arch}.attention.key_length")  # set when head_dim != hidden / heads
+    head_dim = int(key_length) if key_length is not None else hidden // heads
+    layers, kv_heads = int(field(f"{arch}.block_count")), int(field(f"{arch}.attention.head_count_kv"))
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    linear = layers * (attention + 3 * hidden * int(field(f"{arch}.feed_forward_length")))
+    tied = "output.weight" not in header.tensor_names
+    embeddings = header.array_lengths.get("tokenizer.ggml.tokens", 0) * hidden * (1 if tied else 2)
+    return Shape(
+        params=linear + embeddings,
+        linear_params=linear,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        context=int(field(f"{arch}.context_length")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryNeed:
+    weights: int
+    kv_per_token: int
+    context: int  # tokens one full-length sequence holds
+    overhead: int
+
+    @property
+    def minimum(self) -> int:
+        """Weights, KV for one sequence at full context, and the runtime's own share."""
+        return self.weights + self.kv_per_token * self.context + self.overhead
+
+
+def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len: int | None, gpu: bool) -> MemoryNeed:
+    context = min(shape.context, max_model_len) if max_model_len else shape.context
+    return MemoryNeed(
+        weights=shape.weights_bytes(quantization, dtype_bytes),
+        kv_per_token=shape.kv_bytes_per_token(dtype_bytes),
+        context=context,
+        overhead=CUDA_OVERHEAD_BYTES if gpu else 0,
+    )
+
+
+CHAT_TOKENS = 2048  # the chat length fit is counted in, unless the context is shorter
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """The memory a model would be served in, and the precision the settings resolve to on it."""
+
+    gpu: bool
+    available: int  # free VRAM (within the cap), or available RAM
+    quantization: str
+    dtype: str
+
+
+def machine(settings: Settings) -> Machine:
+    """nvidia-smi, not torch, asks the GPU: a CUDA context in this process would cost VRAM and seconds."""
+    import psutil
+
+    free = None if settings.device == "cpu" else _free_vram(settings.device)
+    device = "cpu" if free is None else "cuda"
+    flags = cpu_flags()
+    quantization = auto_quantization(device, flags) if settings.quantization == "auto" else settings.quantization
+    dtype = ("bfloat16" if free is not None else auto_cpu_dtype(flags)) if settings.dtype == "auto" else settings.dtype
+    if free is None:
+        return Machine(False, psutil.virtual_memory().available, quantization, dtype)
+    cap = settings.gpu_memory_cap_bytes
+    return Machine(True, min(free, cap) if cap else free, quantization, dtype)
+
+
+def _free_vram(device: str) -> int | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    index = device.partition(":")[2] or "0"
+    try:
+        done = subprocess.run(
+            [smi, "-i", index, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return int(float(done.stdout.strip().splitlines()[0])) << 20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
+    """Weights + KV for as many CHAT_TOKENS-token chats as the KV memory holds: on a GPU what is left of the
+    usable free VRAM (APPLIANCE_GPU_MEMORY_UTILIZATION) after weights and CUDA's share, on a CPU the fixed pool
+    (APPLIANCE_KV_CACHE_BYTES), which must fit in available RAM beside the weights. `reclaim`: bytes a switch
+    frees first (the served model's)."""
+    need = memory_need(shape, on.quantization, DTYPE_BYTES[on.dtype], settings.max_model_len, on.gpu)
+    chat_tokens = min(CHAT_TOKENS, need.context)
+    kv_per_chat = need.kv_per_token * chat_tokens
+    available = on.available + reclaim
+    if on.gpu:
+        kv_budget = int(available * settings.gpu_memory_utilization) - need.weights - need.overhead
+        room = True
+    else:
+        kv_budget = settings.kv_cache_bytes
+        room = need.weights + kv_budget <= available
+    chats = max(kv_budget, 0) // kv_per_chat if kv_per_chat else 0
+    return Fit(
+        fits=room and chats >= 1,
+        memory="VRAM" if on.gpu else "RAM",
+        available=available,
+        weights=need.weights,
+        kv_per_chat=kv_per_chat,
+        chats=chats,
+        chat_tokens=chat_tokens,
+        precision=f"{on.quantization}, {on.dtype}",
+    )

@@ -1,0 +1,154 @@
+"""Paged attention compiled for this CPU (engine/cpu/csrc/paged_decode.c, built by engine.cpu.kernel_build): every
+query row whose context is already in the pool (a decode, or a prefill chunk continuing a computed context),
+read where its blocks lie.
+
+torch's decode attention (engine.model.attention) copies each request's blocks out per layer, padded to the longest
+of its group, and multiplies the copy; a prefill that continues a context gathers it and runs SDPA with an
+explicit causal mask. The kernel walks each row's block table instead, up to the row's own position: no copy,
+no padding, no mask. It is built when the engine starts, for the model's head size, heads per KV head and
+dtype. Where it cannot be (no compiler, a dtype other than float32 or bfloat16, a CUDA device), attention stays
+torch's, and the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.cpu.kernel_build import KernelBuildError, build_kernel
+
+__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "attention_kernel"]
+
+log = logging.getLogger("engine.cpu.decode_kernel")
+
+ELEMENT = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRows:
+    """The step's rows the kernel computes, int32: row r is token rows[r] of the flat batch, attending with block
+    table tables[table_of[r]] over its first lens[r] tokens."""
+
+    tables: torch.Tensor  # [requests, max_blocks]; a table's unused tail is 0 (never read: lens bound it)
+    rows: torch.Tensor
+    table_of: torch.Tensor
+    lens: torch.Tensor
+    max_len: int
+    block_size: int
+
+
+@dataclass(slots=True)
+class RowsBuilder:
+    block_size: int
+    _tables: list[Sequence[int]] = field(default_factory=list)
+    _rows: list[int] = field(default_factory=list)
+    _table_of: list[int] = field(default_factory=list)
+    _lens: list[int] = field(default_factory=list)
+
+    def add(self, table: Sequence[int], first_row: int, num_rows: int, first_len: int) -> None:
+        """A request's num_rows tokens from first_row on, the first attending over first_len tokens (its context
+        and itself), each next one over one more; table: its block ids, at least those of its last row."""
+        if len(table) * self.block_size < first_len + num_rows - 1:
+            raise ValueError(f"a block table of {len(table)} blocks is short of {first_len + num_rows - 1} tokens")
+        index = len(self._tables)
+        self._tables.append(table)
+        self._rows.extend(range(first_row, first_row + num_rows))
+        self._table_of.extend([index] * num_rows)
+        self._lens.extend(range(first_len, first_len + num_rows))
+
+    def build(self) -> AttentionRows | None:
+        if not self._rows:
+            return None
+        width = max(len(t) for t in self._tables)
+        flat = [b for t in self._tables for b in (*t, *([0] * (width - len(t))))]
+        tables = torch.tensor(flat, dtype=torch.int32).view(len(self._tables), width)
+        return AttentionRows(
+            tables,
+            torch.tensor(self._rows, dtype=torch.int32),
+            torch.tensor(self._table_of, dtype=torch.int32),
+            torch.tensor(self._lens, dtype=torch.int32),
+            max(self._lens),
+            self.block_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    """The kernel built for one model's shape and dtype, called once per layer and step."""
+
+    function: Callable[..., int]
+    dtype: torch.dtype
+    build_s: float
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rows: AttentionRows,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """q [T, H, D] (D contiguous), caches [KVH, slots, D] contiguous, out [T, H, D] contiguous, all of the
+        kernel's dtype: writes out[rows.rows] and nothing else."""
+        if q.stride(-1) != 1 or q.dtype != self.dtype:
+            q = q.to(self.dtype).contiguous()
+        if out.dtype != self.dtype or not out.is_contiguous():
+            raise ValueError("the kernel writes a contiguous output of its own dtype")
+        kv_heads, num_slots, _ = k_cache.shape
+        failed = self.function(
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            num_slots,
+            rows.tables.data_ptr(),
+            rows.tables.shape[1],
+            rows.rows.data_ptr(),
+            rows.table_of.data_ptr(),
+            rows.lens.data_ptr(),
+            rows.rows.shape[0],
+            kv_heads,
+            rows.block_size,
+            scale,
+            rows.max_len,
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+        if failed == 1:
+            raise MemoryError("the attention kernel could not allocate its scores")
+        if failed:
+            raise RuntimeError("a row's length or block table lies outside the KV pool (an engine bug)")
+
+
+def attention_kernel(
+    mode: str, device: torch.device, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
+) -> AttentionKernel | None:
+    """The kernel for this model, or None where attention stays torch's: mode `torch`, or `auto` where it cannot
+    be built (the log says why). Mode `compiled` raises KernelBuildError rather than fall back."""
+    if mode == "torch":
+        return None
+    try:
+        if device.type != "cpu":
+            raise KernelBuildError(f"it is for CPUs, and the model is on {device}")
+        element = ELEMENT.get(dtype, str(dtype).removeprefix("torch."))
+        function, seconds = build_kernel(element, head_dim, heads, kv_heads)
+    except KernelBuildError as exc:
+        if mode == "compiled":
+            raise
+        log.info("attention: torch's, as the compiled kernel is unavailable: %s", exc)
+        return None
+    log.info(
+        "attention: compiled for this CPU in %.1f s (%s, head size %d, %d heads over %d KV heads)",
+        seconds,
+        element,
+        head_dim,
+        heads,
+        kv_heads,
+    )
+    return AttentionKernel(function, dtype, seconds)

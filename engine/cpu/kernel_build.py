@@ -1,0 +1,170 @@
+"""Builds the engine's C kernels with the host's C compiler and loads them with ctypes. No torch import:
+`appliance doctor` asks whether they build before anything heavy is loaded.
+
+engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16,
+else float), so every inner loop has constant bounds and vectorises whole; engine/cpu/csrc/packed_linear.c once per
+weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16); engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
+directory that is removed once it is loaded (a loaded library stays mapped); a build takes well under a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import EngineError
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "paged_decode.c"
+LINEAR_SOURCE = CSRC / "packed_linear.c"
+LINEAR_FORMS = ("q4", "q8", "bf16")
+LAYER_SOURCE = CSRC / "layer_ops.c"
+ELEMENTS = ("float32", "bfloat16")
+MAX_HEAD_DIM, MAX_GROUP = 256, 32
+COMPILE_TIMEOUT_S = 120
+# Reassociation lets the dot products and sums vectorise; finite math lets the clamp in exp do too (scores are
+# finite: the kernel never adds -inf). No -ffast-math: linked into a shared object it may set flush-to-zero for
+# the whole process.
+FLAGS = (
+    "-O3",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-ffinite-math-only",
+    "-fPIC",
+    "-shared",
+)
+# The layer's elementwise operations follow transformers' rounding: no fused multiply-adds the source does not
+# write (only its e^x does), and infinities kept (SiLU of a large negative number divides by one). The sum of
+# squares may still be reassociated.
+LAYER_FLAGS = (
+    "-O3",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-ffp-contract=off",
+    "-fPIC",
+    "-shared",
+)
+# Tried in turn: the host's vector width and OpenMP (for more than one torch thread; it joins the libgomp torch
+# loaded), then without what a compiler may not know (-march=native) or have (an OpenMP runtime).
+VARIANTS = (("-march=native", "-fopenmp"), ("-march=native",), ())
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+# paged_attention_rows' parameters, in order (see the source).
+ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_float | ctypes.c_int]] = [
+    *(_P, _I, _I),  # q, its token and head strides
+    *(_P, _P, _I),  # k_cache, v_cache, num_slots
+    *(_P, _I),  # tables, max_blocks
+    *(_P, _P, _P, _I),  # rows, table_of, lens, num_rows
+    *(_I, _I, ctypes.c_float, _I),  # kv_heads, block_size, scale, max_len
+    *(_P, _I, ctypes.c_int),  # out, its token stride, threads
+]
+# packed_linear's parameters, in order (see its source).
+LINEAR_ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int]] = [
+    *(_P, _I, _P, _P),  # x, its row stride, the packed weight, bias (or NULL)
+    *(_P, _I, _I, _I, _I, ctypes.c_int),  # y, its row stride, rows, outputs, inputs, threads
+]
+
+
+# layer_ops' functions and their parameters, in order (see its source).
+LAYER_ARGTYPES: dict[str, list[Any]] = {
+    "add_rms_norm": [_P, _P, _P, ctypes.c_float, _I, _I, ctypes.c_int, _P],
+    "rope_and_store": [_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I],
+    "silu_mul": [_P, _I, _P, _I, _I, _I],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOps:
+    """engine/cpu/csrc/layer_ops.c's entry points (engine.model.forward)."""
+
+    add_rms_norm: Callable[..., None]
+    rope_and_store: Callable[..., int]
+    silu_mul: Callable[..., None]
+    build_s: float
+
+
+class KernelBuildError(EngineError):
+    """A kernel could not be built or loaded here; the message says why."""
+
+
+def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tuple[Callable[..., int], float]:
+    """The kernel's entry point for this shape and element type, and the seconds its build took."""
+    if element not in ELEMENTS:
+        raise KernelBuildError(f"it computes {' or '.join(ELEMENTS)}, not {element}")
+    group = heads // kv_heads if kv_heads > 0 else 0
+    if group * kv_heads != heads or not 1 <= group <= MAX_GROUP or not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise KernelBuildError(f"{heads} heads over {kv_heads} KV heads of size {head_dim} are beyond it")
+    shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
+    return _build(SOURCE, FLAGS, shape, "paged_attention_rows", ARGTYPES)
+
+
+def build_packed_linear(form: str) -> tuple[Callable[..., int], float]:
+    """The packed linear layer's entry point for one weight form (engine.cpu.packed_linear), and its build's seconds."""
+    if form not in LINEAR_FORMS:
+        raise KernelBuildError(f"packed weights are {', '.join(LINEAR_FORMS)}, not {form}")
+    return _build(LINEAR_SOURCE, FLAGS, [f"-DFORM_{form.upper()}"], "packed_linear", LINEAR_ARGTYPES)
+
+
+def build_layer_ops() -> LayerOps:
+    start = time.monotonic()
+    library = _library(LAYER_SOURCE, LAYER_FLAGS, [])
+    functions = {}
+    for name, argtypes in LAYER_ARGTYPES.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int if name == "rope_and_store" else None
+        functions[name] = function
+    return LayerOps(**functions, build_s=time.monotonic() - start)
+
+
+def _build(
+    source: Path, flags: tuple[str, ...], defines: list[str], symbol: str, argtypes: list[Any]
+) -> tuple[Callable[..., int], float]:
+    start = time.monotonic()
+    function = getattr(_library(source, flags, defines), symbol)
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function, time.monotonic() - start
+
+
+def _library(source: Path, flags: tuple[str, ...], defines: list[str]) -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise KernelBuildError("no C compiler (cc or gcc; install gcc, or set CC)")
+    with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
+        library = Path(tmp) / f"{source.stem}.so"
+        error = ""
+        for extra in VARIANTS:
+            error = _compile([compiler, *flags, *extra, *defines, str(source), "-o", str(library)])
+            if not error:
+                break
+        else:
+            raise KernelBuildError(f"{Path(compiler).name} failed: {error}")
+        try:
+            return ctypes.CDLL(str(library))
+        except OSError as exc:  # e.g. a temporary directory mounted noexec
+            raise KernelBuildError(f"the built library does not load: {exc}") from exc
+
+
+def _compile(command: list[str]) -> str:
+    """'' on success, else the compiler's last words."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr or done.stdout or f"exit status {done.returncode}").strip().splitlines()
+    return " | ".join(lines[-3:])

@@ -1,0 +1,198 @@
+"""Paged attention: writes each step's new K/V into the block pool and attends over every request's blocks.
+
+The plain-torch reference implementation below runs on CPU and CUDA. It is registered with transformers'
+attention interface under ATTENTION_NAME, so the model definition stays transformers' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from engine.cpu.decode_kernel import AttentionKernel, AttentionRows
+
+ATTENTION_NAME = "appliance_paged"
+# A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
+# blocks' worth, for torch's decode attention (the compiled kernel, engine.cpu.decode_kernel, needs no groups).
+# `python -m bench.engine.steps --variants none/bfloat16 --batches 8,32,64,128 --context 160 --sigma 0.8
+# --attention torch/one,torch/48` (bundled model, one thread), ms per decode step: one padded group
+# 65/264/492/1014, grouped 70/150/253/438; costs of 16 to 64 measured alike, 0 (a group per length) slower.
+GROUP_COST_BLOCKS = 48
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """One request computing several tokens this step: its token range in the flat batch and its context."""
+
+    start: int
+    num_tokens: int
+    context_slots: torch.Tensor | None  # pool slots of the whole context; None when nothing was computed before
+    mask: torch.Tensor | None  # [num_tokens, context_len] causal mask with offset; None with context_slots
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Decoding requests [start, stop) of the flat batch, whose blocks are gathered together, each row padded to
+    the group's longest; the runner sorts decodes longest first, so a group's rows are of like lengths."""
+
+    start: int
+    stop: int
+    blocks: torch.Tensor  # [(stop - start) * max_blocks] block ids, each row padded (with block 0)
+    bias: torch.Tensor  # [1, stop - start, 1, max_blocks * block_size] fp32: 0 or -inf (padding, beyond the context)
+
+    @classmethod
+    def build(
+        cls,
+        start: int,
+        tables: Sequence[Sequence[int]],
+        context_lens: Sequence[int],
+        block_size: int,
+        device: torch.device,
+    ) -> DecodeGroup:
+        """The group of the requests whose block tables (each cut to its context's blocks) and context lengths
+        are given, longest first, starting at `start` in the flat batch."""
+        max_blocks = len(tables[0])
+        flat: list[int] = []
+        for table in tables:
+            flat.extend(table)
+            flat.extend([0] * (max_blocks - len(table)))  # padding reads block 0; the bias hides it
+        positions = torch.arange(max_blocks * block_size, device=device)
+        beyond = positions.unsqueeze(0) >= torch.tensor(list(context_lens), device=device).unsqueeze(1)
+        bias = torch.zeros(beyond.shape, dtype=torch.float32, device=device).masked_fill_(beyond, float("-inf"))
+        rows = len(tables)
+        blocks = torch.tensor(flat, dtype=torch.long, device=device)
+        return cls(start, start + rows, blocks, bias.view(1, rows, 1, -1))
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Built once per step by the runner and shared by every layer.
+
+    The flat batch holds the decode tokens first (one per request, in decode_groups' order), then the
+    prefill chunks in order.
+    """
+
+    slot_mapping: torch.Tensor  # [T] pool slot that receives each token's K/V
+    key_cache: list[torch.Tensor]  # per layer [kv_heads, num_slots, head_dim]
+    value_cache: list[torch.Tensor]
+    block_size: int = 16
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # torch's decode attention
+    prefills: list[PrefillSeq] = field(default_factory=list)  # torch's: all prefills, or those the kernel is not for
+    kernel: AttentionKernel | None = None  # engine.cpu.decode_kernel: decodes and prefills continuing a context
+    kernel_rows: AttentionRows | None = None
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """query [1, H, T, D], key/value [1, KVH, T, D] (RoPE applied) -> output [1, T, H, D]."""
+    meta = kwargs.get("paged")
+    if not isinstance(meta, AttentionMetadata):
+        raise RuntimeError("paged attention needs the step's AttentionMetadata passed as paged=")
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
+    k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
+    v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
+    return attend(meta, layer, query[0], key[0], value[0], scaling).unsqueeze(0), None
+
+
+def attend(
+    meta: AttentionMetadata,
+    layer: int,
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One layer's attention for the step, once its keys and values are in the pool: q [H, T, D], this step's own
+    key/value [KVH, T, D] (any strides, D contiguous) -> [T, H, D]."""
+    k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
+    out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
+    if meta.kernel is not None and meta.kernel_rows is not None:
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out)
+    for g in meta.decode_groups:
+        out[g.start : g.stop] = _decode_attention(q[:, g.start : g.stop], k_cache, v_cache, g, meta.block_size, scaling)
+    for p in meta.prefills:
+        qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
+        if p.context_slots is None:
+            kp = key[:, p.start : p.start + p.num_tokens].unsqueeze(0)
+            vp = value[:, p.start : p.start + p.num_tokens].unsqueeze(0)
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=True)
+        else:
+            kp = k_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
+            vp = v_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scaling, enable_gqa=True)
+        out[p.start : p.start + p.num_tokens] = op[0].transpose(0, 1)
+    return out
+
+
+def plan_decode_groups(num_blocks: Sequence[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:
+    """Split requests sorted longest first (their block counts, non-increasing) into groups [start, stop) that
+    minimise the blocks gathered, each row padded to its group's longest, plus group_cost per group.
+
+    One padded group for all is what a long request among short ones makes costly: the gathers and matmuls
+    grow with the longest context times the batch (3-5x the real blocks in the served benchmark's mix). The
+    search is exact: a group starts where the counts change (splitting equal counts never pays), and
+    dynamic programming over those starts is quadratic in the distinct counts, a few dozen at most.
+    """
+    n = len(num_blocks)
+    if n == 0:
+        return []
+    starts = [i for i in range(n) if i == 0 or num_blocks[i] != num_blocks[i - 1]] + [n]
+    best = [0] + [-1] * (len(starts) - 1)  # best[b]: least cost of requests [0, starts[b])
+    cut = [0] * len(starts)
+    for b in range(1, len(starts)):
+        stop = starts[b]
+        for a in range(b):
+            cost = best[a] + (stop - starts[a]) * num_blocks[starts[a]] + group_cost
+            if best[b] < 0 or cost < best[b]:
+                best[b], cut[b] = cost, a
+    groups, b = [], len(starts) - 1
+    while b > 0:
+        groups.append((starts[cut[b]], starts[b]))
+        b = cut[b]
+    return groups[::-1]
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    block_size: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """q [H, B, D], one query per request of the group -> [B, H, D].
+
+    Whole blocks are copied out with one index_select per tensor (rows of block_size * head_dim), already in
+    the [KVH, B, L, D] order the two batched matmuls want: per-slot gathers and SDPA's CPU kernel took 2.7x
+    (fp32) to 10x (bf16) as long on one core at 64 requests. Scores are small, so the softmax runs in fp32.
+    """
+    kv_heads, num_slots, head_dim = k_cache.shape
+    heads, batch, _ = q.shape
+    length = group.bias.shape[-1]
+    rows = (kv_heads, num_slots // block_size, block_size * head_dim)
+    k = k_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
+    v = v_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
+    # Query head h reads KV head h // group, as SDPA's enable_gqa does.
+    qg = q.view(kv_heads, heads // kv_heads, batch, head_dim).transpose(1, 2).to(k.dtype)
+    scale = scaling if scaling is not None else head_dim**-0.5
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale + group.bias
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)  # [KVH, B, group, D]
+    return out.permute(1, 0, 2, 3).reshape(batch, heads, head_dim).to(q.dtype)
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -1,0 +1,161 @@
+"""The engine's own forward for Llama-family models on a CPU in float32: transformers' arithmetic without its
+module tree.
+
+On a CPU at a small batch a decode step spends more time in Python than in arithmetic: transformers' decoder layer
+is a dozen modules and some sixty torch operations, each a call through the dispatcher. This forward reads the
+same weights from the same modules and, per layer, makes one call for the residual add and norm, the linear
+layers' own calls, one for rotary embedding and the K/V writes, the attention, and one for SiLU(gate) * up
+(engine/cpu/csrc/layer_ops.c, each following transformers' operations in order). Greedy tokens stay those of
+transformers' generate (tests/engine/test_cpu_forward.py).
+
+Used for LlamaForCausalLM and Qwen2ForCausalLM (SmolLM2, Llama 2/3, Qwen2.5 and their kin); any other model, a
+dtype other than float32, or a machine where the ops do not build (no C compiler) keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
+from engine.cpu.packed_linear import PackedLinear
+from engine.model.attention import AttentionMetadata, attend
+
+__all__ = ["ARCHITECTURES", "CpuForward", "cpu_forward"]
+
+log = logging.getLogger("engine.model.forward")
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate: Linear
+    up: Linear
+    down: Linear
+
+
+class CpuForward:
+    """Called by the runner once per step in place of the model: input ids and positions [T] and the step's
+    attention metadata in, logits of the rows asked for out."""
+
+    def __init__(self, model: Any, ops: LayerOps) -> None:
+        """model: a LlamaForCausalLM or Qwen2ForCausalLM (read by attribute, as transformers lays it out)."""
+        text = model.config.get_text_config()
+        inner = model.model
+        self.ops = ops
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm.weight
+        self.eps = float(inner.norm.variance_epsilon)
+        self.lm_head = _linear(model.lm_head)
+        self.heads = text.num_attention_heads
+        self.kv_heads = text.num_key_value_heads
+        first = inner.layers[0].self_attn
+        self.head_dim = int(first.head_dim)
+        self.scaling = float(first.scaling)
+        self.layers = [
+            _Layer(
+                layer.input_layernorm.weight,
+                _linear(layer.self_attn.q_proj),
+                _linear(layer.self_attn.k_proj),
+                _linear(layer.self_attn.v_proj),
+                _linear(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                _linear(layer.mlp.gate_proj),
+                _linear(layer.mlp.up_proj),
+                _linear(layer.mlp.down_proj),
+            )
+            for layer in inner.layers
+        ]
+
+    @torch.inference_mode()
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> logits [len(rows), vocab] of the rows asked for."""
+        ops, tokens, hd = self.ops, input_ids.shape[0], self.head_dim
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = (t[0].contiguous() for t in self.rotary(h, positions.unsqueeze(0)))
+        residual, x = torch.empty_like(h), torch.empty_like(h)
+        width = h.shape[1]
+        slots = meta.slot_mapping
+        for i, layer in enumerate(self.layers):
+            ops.add_rms_norm(h.data_ptr(), residual.data_ptr(), layer.input_norm.data_ptr(), self.eps, tokens, width,
+                             int(i == 0), x.data_ptr())  # fmt: skip
+            q, k, v = layer.q(x), layer.k(x), layer.v(x)
+            k_cache, v_cache = meta.key_cache[i], meta.value_cache[i]
+            failed = ops.rope_and_store(
+                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tokens, self.heads, self.kv_heads, hd,
+                k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1],
+            )  # fmt: skip
+            if failed:
+                raise RuntimeError("a token's pool slot lies outside the KV pool (an engine bug)")
+            out = attend(
+                meta,
+                i,
+                q.view(tokens, self.heads, hd).transpose(0, 1),
+                k.view(tokens, self.kv_heads, hd).transpose(0, 1),
+                v.view(tokens, self.kv_heads, hd).transpose(0, 1),
+                self.scaling,
+            )
+            h = layer.o(out.view(tokens, self.heads * hd))
+            ops.add_rms_norm(h.data_ptr(), residual.data_ptr(), layer.post_norm.data_ptr(), self.eps, tokens, width,
+                             0, x.data_ptr())  # fmt: skip
+            gate, up = layer.gate(x), layer.up(x)
+            ops.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), tokens, gate.shape[1])
+            h = layer.down(gate)
+        ops.add_rms_norm(h.data_ptr(), residual.data_ptr(), self.final_norm.data_ptr(), self.eps, tokens, width, 0,
+                         x.data_ptr())  # fmt: skip
+        return self.lm_head(x.index_select(0, rows))
+
+
+def cpu_forward(model: Any, device: torch.device, dtype: torch.dtype) -> CpuForward | None:
+    """The engine's forward for this model, or None where transformers' stays (the log says why)."""
+    why = _unsupported(model, device, dtype)
+    if why is None:
+        try:
+            return CpuForward(model, build_layer_ops())
+        except KernelBuildError as exc:
+            why = f"its operations do not build: {exc}"
+    log.info("forward: transformers', as %s", why)
+    return None
+
+
+def _unsupported(model: Any, device: torch.device, dtype: torch.dtype) -> str | None:
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"the engine's own is for {' and '.join(ARCHITECTURES)}, not {name}"
+    if device.type != "cpu" or dtype != torch.float32:
+        return f"the engine's own is for float32 on a CPU, not {str(dtype).removeprefix('torch.')} on {device}"
+    text = model.config.get_text_config()
+    if getattr(text, "hidden_act", None) != "silu":
+        return f"the engine's own computes SiLU, not {getattr(text, 'hidden_act', None)}"
+    head_dim = model.model.layers[0].self_attn.head_dim
+    if head_dim % 2:
+        return f"rotary embedding needs an even head size, not {head_dim}"
+    tensors = [p for p in model.parameters()] + [b for b in model.buffers()]
+    if any(t.dtype == torch.float32 and not t.is_contiguous() for t in tensors):
+        return "a weight is not contiguous"
+    return None
+
+
+def _linear(module: Any) -> Linear:
+    """The layer's own forward, without nn.Module's call machinery for the two kinds the engine makes."""
+    if isinstance(module, PackedLinear) or type(module) is nn.Linear:
+        return module.forward
+    return module

@@ -1,0 +1,345 @@
+"""Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the engine's sizes.
+
+Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, random:<preset>.
+A GGUF is converted once into a safetensors cache directory; every later start loads that directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from engine.config import EngineConfig
+from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
+from engine.cpu.packed_linear import pack_linears
+from engine.cpu.prepack import prepack_linears, prepack_supported
+from engine.errors import ModelLoadError
+from engine.model.load_progress import bars_as_lines, heartbeat
+from engine.model.presets import PRESETS, build_random_model, get_preset
+from engine.model.sources import RANDOM_PREFIX, default_model_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Progress = Callable[[str], None]
+
+# A quantization tag ending a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
+_GGUF_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: PreTrainedModel  # eval mode, on its device, requires_grad off
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # the served name
+    source_dir: Path  # config + tokenizer (+ safetensors unless built in memory); the tokenizer reloads here
+    device: torch.device
+    dtype: torch.dtype  # compute/activation dtype; the KV cache uses it
+    quantization: str
+    weights_bytes: int  # parameters + buffers as loaded (quantized size when quantized)
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def resolve_device(spec: str) -> torch.device:
+    """ "auto" picks CUDA when present; an explicit CUDA device that is absent is an error, not a fallback."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(spec)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ModelLoadError(f"device {spec!r} was asked for but this torch build sees no CUDA device")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {spec!r} does not exist: {torch.cuda.device_count()} CUDA devices seen")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(spec: str, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype:
+    if spec != "auto":
+        return getattr(torch, spec)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    # Greedy-equality tests pin float32: bf16 rounds differently from a transformers fp32 reference run.
+    return getattr(torch, auto_cpu_dtype(cpu_flags() if flags is None else flags))
+
+
+def resolve_quantization(spec: str, device: torch.device, flags: frozenset[str] | None = None) -> str:
+    if spec != "auto":
+        return spec
+    return auto_quantization(device.type, cpu_flags() if flags is None else flags)
+
+
+def load_model(
+    config: EngineConfig, progress: Progress | None = None, attn_implementation: str | None = None
+) -> LoadedModel:
+    """Load config.model ready to serve. Every failure is a ModelLoadError that says what was tried."""
+    report = progress or (lambda _message: None)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if "auto" in (config.dtype, config.quantization):
+        config = replace(config, quantization=resolve_quantization(config.quantization, device))  # type: ignore[arg-type]
+        hardware = "CUDA" if device.type == "cuda" else f"CPU flags: {describe(cpu_flags())}"
+        chosen = f"quantization {config.quantization}, compute dtype {str(dtype).removeprefix('torch.')}"
+        report(f"auto choices on {device}: {chosen} ({hardware})")
+    if config.model.startswith(RANDOM_PREFIX):
+        name = config.model
+        model, source_dir = _random_model(config, device, dtype, attn_implementation, report)
+    else:
+        source_dir, name = _checkpoint_dir(config.model, config.model_cache_dir, report)
+        model = _from_pretrained(source_dir, config.quantization, device, dtype, attn_implementation, report)
+    report("loading tokenizer …")
+    with _step(f"loading the tokenizer from {source_dir}"):
+        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+    model.eval()
+    model.requires_grad_(False)
+    if config.prepack and prepack_supported(device, dtype):
+        with _step("laying out the linear layers for oneDNN"):
+            report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
+    if config.compact_weights and device.type == "cpu" and dtype == torch.float32:
+        with _step("packing the linear layers' weights"):
+            report(f"linear layers' weights, by the form that holds them exactly: {_forms(pack_linears(model))}")
+    with _step(f"reading the shape of {name}"):
+        text = model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        max_len = text.max_position_embeddings
+    if config.max_model_len is not None:
+        max_len = min(max_len, config.max_model_len)
+    tensors = chain(model.parameters(), model.buffers())
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=config.served_model_name or name,
+        source_dir=source_dir,
+        device=device,
+        dtype=dtype,
+        quantization=config.quantization,
+        weights_bytes=sum(t.numel() * t.element_size() for t in tensors),
+        max_model_len=max_len,
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        num_layers=text.num_hidden_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
+
+
+def _forms(counts: Counter[str]) -> str:
+    return ", ".join(f"{form} {n}" for form, n in sorted(counts.items())) or "no linear layers"
+
+
+@contextmanager
+def _step(what: str) -> Iterator[None]:
+    """Turn whatever a library raises during one step into a ModelLoadError that names the step."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # torch, transformers, gguf and bitsandbytes raise many unrelated types
+        raise ModelLoadError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path, str]:
+    """The safetensors directory to load for `spec` (a GGUF is converted first) and its readable name."""
+    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _converted_gguf(path, cache_root, report), _GGUF_QUANT_TAG.sub("", path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a directory but holds no config.json: not a Hugging Face model")
+        return path, path.resolve().name
+    known = ", ".join(RANDOM_PREFIX + key for key in PRESETS)
+    what = "is not a .gguf file" if path.exists() else "does not exist"
+    raise ModelLoadError(
+        f"model {spec!r} {what}; expected 'default', a .gguf file, "
+        f"a Hugging Face model directory (config.json + safetensors) or one of {known}"
+    )
+
+
+def _gguf_cache_dir(gguf: Path, cache_root: Path) -> Path:
+    """One cache entry per GGUF file version: a changed or moved file converts again."""
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return cache_root / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _converted_gguf(gguf: Path, cache_root: Path, report: Progress) -> Path:
+    target = _gguf_cache_dir(gguf, cache_root)
+    if _is_complete(target):
+        return target
+    report(f"converting GGUF to safetensors (once, into {target}) …")
+    with _step(f"converting {gguf} to safetensors"), _staging_dir(target) as staging, bars_as_lines(report):
+        # Parsing the GGUF's metadata (its vocabulary) alone takes seconds, and both steps do it: hence heartbeats.
+        with heartbeat(report, "converting the weights from the GGUF"):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            # The weights are dequantized now, but the GGUF quantizer marker would make save_pretrained refuse
+            # ("quantized with gguf and is not serializable").
+            model.hf_quantizer = None  # type: ignore[assignment]
+            del model.config.quantization_config
+            model.save_pretrained(staging, safe_serialization=True)
+            del model
+        with heartbeat(report, "converting the tokenizer from the GGUF"):
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+    return target
+
+
+def _is_complete(cache_entry: Path) -> bool:
+    # Entries appear only by an atomic rename of a finished staging directory, so present means complete.
+    return (cache_entry / "config.json").is_file()
+
+
+@contextmanager
+def _staging_dir(target: Path) -> Iterator[Path]:
+    """Build a cache entry in a sibling temp directory, then rename it into place: a cut build leaves none."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not _is_complete(target):
+                raise
+            # Another process finished the same entry first; theirs is as good as ours.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _from_pretrained(
+    source_dir: Path,
+    quantization: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    report: Progress,
+) -> PreTrainedModel:
+    with _step(f"reading {source_dir / 'config.json'}"):
+        hf_config = AutoConfig.from_pretrained(source_dir)
+    if hf_config.is_encoder_decoder or hf_config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{source_dir} holds a {hf_config.model_type!r} model; only decoder-only causal LMs can be served"
+        )
+    # device_map puts the weights straight onto the device (no CPU copy first); bitsandbytes requires it.
+    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    how = "without quantization"
+    if quantization != "none":
+        kwargs["quantization_config"] = _bnb_config(quantization, dtype)
+        how = f"quantized to {quantization} by bitsandbytes"
+    report(f"loading weights {how} …")
+    with _step(f"loading {source_dir} {how} on {device}"), bars_as_lines(report):
+        return AutoModelForCausalLM.from_pretrained(source_dir, **kwargs)
+
+
+def _bnb_config(quantization: str, dtype: torch.dtype) -> BitsAndBytesConfig:
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quantization,
+        bnb_4bit_compute_dtype=dtype,
+        bnb_4bit_use_double_quant=False,
+    )
+
+
+def _random_model(
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    report: Progress,
+) -> tuple[PreTrainedModel, Path]:
+    """Seeded random weights with the default model's tokenizer.
+
+    Unquantized, the model is built in memory; random-<preset>/ then holds only config + tokenizer.
+    bitsandbytes quantizes only in from_pretrained, so a quantized one is first saved, once, to
+    random-<preset>-seed<seed>/.
+    """
+    preset_name = config.model.removeprefix(RANDOM_PREFIX)
+    preset = get_preset(preset_name)
+    cache_root = config.model_cache_dir
+    base_dir = random_model_dir(preset_name, cache_root, report)
+    with _step(f"reading the tokenizer in {base_dir}"):
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    hf_config = preset.hf_config(tokenizer)
+    if config.quantization == "none":
+        report(f"building random {preset_name} weights (seed {config.seed}) …")
+        with _step(f"building {config.model} on {device}"):
+            return build_random_model(hf_config, config.seed, device, dtype, attn_implementation), base_dir
+    weights_dir = cache_root / f"random-{preset_name}-seed{config.seed}"
+    if not _is_complete(weights_dir):
+        report(f"building random {preset_name} weights (seed {config.seed}) to quantize …")
+        with _step(f"writing {weights_dir}"), _staging_dir(weights_dir) as staging:
+            model = build_random_model(hf_config, config.seed, device, dtype, None)
+            model.save_pretrained(staging, safe_serialization=True)
+            del model
+            tokenizer.save_pretrained(staging)
+    model = _from_pretrained(weights_dir, config.quantization, device, dtype, attn_implementation, report)
+    return model, weights_dir
+
+
+def random_model_dir(preset_name: str, cache_root: Path, report: Progress | None = None) -> Path:
+    """random-<preset>/ under cache_root: the preset's config and the default model's tokenizer, written once.
+
+    Copying this folder to another machine lets it build the random model without the bundled GGUF."""
+    preset = get_preset(preset_name)
+    base_dir = cache_root / f"random-{preset_name}"
+    if not _is_complete(base_dir):
+        if report is not None:
+            report("saving the default tokenizer for the random model …")
+        with _step(f"writing {base_dir}"), _staging_dir(base_dir) as staging:
+            tokenizer = _default_tokenizer(cache_root)
+            preset.hf_config(tokenizer).save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+    return base_dir
+
+
+def _default_tokenizer(cache_root: Path) -> PreTrainedTokenizerBase:
+    try:
+        gguf = default_model_path()
+    except ModelLoadError:
+        # Without the bundled package (a bare GPU test machine), any random-<preset>/ folder carried over holds
+        # the same tokenizer.
+        for folder in sorted(cache_root.glob("random-*")):
+            if _is_complete(folder) and (folder / "tokenizer.json").is_file():
+                return AutoTokenizer.from_pretrained(folder)
+        raise
+    converted = _gguf_cache_dir(gguf, cache_root)
+    if _is_complete(converted):
+        return AutoTokenizer.from_pretrained(converted)
+    # Reading just the tokenizer from the GGUF takes ~3 s; a full conversion would take ~15 s.
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every id that ends a turn: generation_config may list several (e.g. <|eot_id|> and <|end_of_text|>)."""
+    generation_eos = getattr(model.generation_config, "eos_token_id", None)
+    candidates = [
+        *(generation_eos if isinstance(generation_eos, list) else [generation_eos]),
+        tokenizer.eos_token_id,
+    ]
+    return tuple(dict.fromkeys(token_id for token_id in candidates if isinstance(token_id, int)))
