@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from appliance.sdnotify import Notifier
+from engine import EngineState
 from web.generation.gate import EngineGate
 
 log = logging.getLogger("appliance.supervisor")
@@ -23,7 +24,8 @@ RUNNING_TICK_S = 2.0
 class Heartbeat(Protocol):
     """What the supervisor needs from the engine client (AsyncEngineClient has it)."""
 
-    state: str
+    @property
+    def state(self) -> str: ...
 
     def healthy(self, max_silence: float = ...) -> bool: ...
 
@@ -71,7 +73,7 @@ class Supervisor:
     def alive(self) -> bool:
         """The engine loop turns (heard from lately), or a crashed engine is being reloaded, which can take
         minutes for a large model; the client's start timeout bounds a reload that hangs."""
-        return self.engine.healthy(max_silence=self.max_silence) or self.engine.state == "loading"
+        return self.engine.healthy(max_silence=self.max_silence) or self.engine.state is EngineState.LOADING
 
     def status(self, text: str) -> None:
         if text != self._status:

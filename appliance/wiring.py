@@ -37,7 +37,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_queue=settings.max_queue,
-        policy=settings.policy,  # type: ignore[arg-type]  # validated by EngineConfig
+        policy=settings.policy,  # type: ignore[arg-type]  # a name: EngineConfig parses it into the Policy
         cache_dir=str(settings.model_cache_dir),
         log_level=settings.log_level,
     )

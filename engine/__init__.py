@@ -16,7 +16,17 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
-from engine.messages import EngineStats, Logprob, ModelInfo, QueuePosition, RequestOutput, TenantStats, Timings, Usage
+from engine.messages import (
+    EngineState,
+    EngineStats,
+    Logprob,
+    ModelInfo,
+    QueuePosition,
+    RequestOutput,
+    TenantStats,
+    Timings,
+    Usage,
+)
 from engine.sample.guided import validate_guided
 from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.sched.fair import TenantBook
@@ -47,6 +57,7 @@ __all__ = [
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
+    "EngineState",
     "EngineStats",
     "GuidedDecoding",
     "InvalidRequestError",

@@ -32,6 +32,7 @@ from engine.errors import (
 from engine.messages import (
     AbortRequests,
     AddRequest,
+    EngineState,
     EngineStats,
     FromCore,
     Loading,
@@ -131,13 +132,13 @@ class RequestStream:
 
 
 class AsyncEngineClient:
-    """state: "stopped" -> "loading" -> "ready"; "down" when the process died; "stopping" on shutdown."""
+    """state: an EngineState (stopped -> loading -> ready; down when the process died; stopping on shutdown)."""
 
     def __init__(self, config: EngineConfig, *, auto_restart: bool = True, start_timeout: float = 1800.0) -> None:
         self.config = config
         self.auto_restart = auto_restart
         self.start_timeout = start_timeout
-        self.state = "stopped"
+        self.state = EngineState.STOPPED
         self.model_info: ModelInfo | None = None
         self.tokenizer: Any = None
         self.restarts = 0
@@ -162,7 +163,7 @@ class AsyncEngineClient:
         self._loop = asyncio.get_running_loop()
         self._generation += 1
         generation = self._generation
-        self.state = "loading"
+        self.state = EngineState.LOADING
         self.load_step = None
         from engine.process import run_engine_process  # torch loads in the engine process, not on import here
 
@@ -186,12 +187,12 @@ class AsyncEngineClient:
             info = await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
         except TimeoutError:
             self._kill()
-            self.state = "down"
+            self.state = EngineState.DOWN
             raise ModelLoadError(f"the engine did not become ready within {self.start_timeout:.0f} s") from None
         if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != info.tokenizer_dir:
             self.tokenizer = await asyncio.to_thread(_load_tokenizer, info.tokenizer_dir)
         self.model_info = info
-        self.state = "ready"
+        self.state = EngineState.READY
         return info
 
     async def restart(self) -> ModelInfo:
@@ -201,7 +202,7 @@ class AsyncEngineClient:
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Ask the engine to stop; kill it if it does not within timeout."""
-        self.state = "stopping"
+        self.state = EngineState.STOPPING
         if self._restart_task is not None:
             self._restart_task.cancel()
         proc = self._process
@@ -210,7 +211,7 @@ class AsyncEngineClient:
             await asyncio.to_thread(proc.join, timeout)
         self._kill()
         self._fail_all(EngineDeadError("the engine is shutting down"))
-        self.state = "stopped"
+        self.state = EngineState.STOPPED
 
     def _kill(self) -> None:
         self._generation += 1  # readers of the old process stop dispatching
@@ -243,7 +244,7 @@ class AsyncEngineClient:
         finished=True. A refusal (QueueFullError, InvalidRequestError, ContextLengthError, EngineDeadError when
         the engine is not ready or dies) is raised by the first item. Closing the stream early aborts it."""
         rid = request_id or uuid.uuid4().hex
-        if self.state != "ready":
+        if self.state != EngineState.READY:
             return RequestStream(self, rid, None, EngineDeadError(f"the engine is not ready (state: {self.state})"))
         if rid in self._collectors:
             return RequestStream(
@@ -290,10 +291,10 @@ class AsyncEngineClient:
 
     def healthy(self, max_silence: float = 30.0) -> bool:
         """Ready and heard from recently: a hung engine loop (not just a dead one) fails this."""
-        return self.state == "ready" and time.monotonic() - self.last_heartbeat < max_silence
+        return self.state == EngineState.READY and time.monotonic() - self.last_heartbeat < max_silence
 
     def _send(self, msg: ToCore) -> None:
-        if self.state in ("ready", "loading"):
+        if self.state in (EngineState.READY, EngineState.LOADING):
             self._outbox.put(self._encoder.encode(msg))
 
     # -- threads: pipe reader and writer ----------------------------------------------------------------
@@ -351,12 +352,12 @@ class AsyncEngineClient:
                 self._ready.set_exception(ModelLoadError(msg.message))
 
     def _on_exit(self, generation: int) -> None:
-        if generation != self._generation or self.state in ("stopping", "stopped"):
+        if generation != self._generation or self.state in (EngineState.STOPPING, EngineState.STOPPED):
             return
         code = self._process.exitcode if self._process is not None else None
         self.last_error = f"the engine process exited (code {code})"
         log.error("%s", self.last_error)
-        self.state = "down"
+        self.state = EngineState.DOWN
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(EngineDeadError(self.last_error))
         self._fail_all(EngineDeadError(self.last_error))
@@ -365,7 +366,7 @@ class AsyncEngineClient:
 
     async def _restart_after_crash(self) -> None:
         delay = 1.0
-        while self.state == "down":
+        while self.state == EngineState.DOWN:
             try:
                 await self.restart()
             except EngineError as exc:

@@ -9,19 +9,16 @@ from typing import Literal
 
 from engine.errors import ConfigError
 from engine.logs import LEVELS
+from engine.sched.policy import Policy
 
 # auto: nf4 on CUDA, none on a CPU (engine.cpu.hardware says why).
 Quantization = Literal["auto", "none", "nf4", "fp4", "int8"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-# fair: continuous batching, tenants admitted by their fair-share counters (engine.sched.fair); fcfs: continuous
-# batching in arrival order ("continuous" is its older name); static and sequential: the baselines.
-Policy = Literal["fair", "fcfs", "continuous", "static", "sequential"]
 # auto: the C kernel built at start on a CPU where it builds, else torch's; compiled: that kernel or no start.
 DecodeAttention = Literal["auto", "compiled", "torch"]
 
 QUANTIZATIONS: tuple[str, ...] = ("auto", "none", "nf4", "fp4", "int8")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
-POLICIES: tuple[str, ...] = ("fair", "fcfs", "continuous", "static", "sequential")
 DECODE_ATTENTIONS: tuple[str, ...] = ("auto", "compiled", "torch")
 
 
@@ -54,7 +51,7 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     max_queue: int = 1024
-    policy: Policy = "fair"
+    policy: Policy = Policy.FAIR  # a name is parsed into the member once, here
     enable_prefix_caching: bool = True
     seed: int = 0
     cache_dir: str | None = None
@@ -73,7 +70,8 @@ class EngineConfig:
             raise ConfigError("model must name a model: 'default', a directory, a .gguf file or random:<preset>")
         _one_of("quantization", self.quantization, QUANTIZATIONS)
         _one_of("dtype", self.dtype, DTYPES)
-        _one_of("policy", self.policy, POLICIES)
+        _one_of("policy", self.policy, tuple(Policy))
+        object.__setattr__(self, "policy", Policy(self.policy))
         _one_of("decode_attention", self.decode_attention, DECODE_ATTENTIONS)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")

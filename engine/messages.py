@@ -5,11 +5,24 @@ Encoded with msgspec (msgpack); the offline API returns the same RequestOutput o
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import msgspec
 
 from engine.sampling_params import SamplingParams
 from engine.sched.limits import check_fits
 from engine.sched.tenant import Tenant
+
+
+class EngineState(StrEnum):
+    """Where an engine (the embedded one's process, or a managed vLLM server) is: stopped -> loading -> ready;
+    down when it died (a restart brings it back through loading); stopping on shutdown."""
+
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    DOWN = "down"
+    STOPPING = "stopping"
 
 
 class Logprob(msgspec.Struct, frozen=True, array_like=True):

@@ -26,6 +26,7 @@ from appliance.vllm.stream import VllmStream
 from engine import (
     EngineDeadError,
     EngineError,
+    EngineState,
     EngineStats,
     InvalidRequestError,
     ModelInfo,
@@ -45,13 +46,13 @@ STOP_TIMEOUT_S = 30.0  # vLLM finishes its engine core's shutdown in a few secon
 
 
 class VllmEngineClient:
-    """state: "stopped" -> "loading" -> "ready"; "down" when the server died; "stopping" on shutdown."""
+    """state: an EngineState (stopped -> loading -> ready; down when the server died; stopping on shutdown)."""
 
     def __init__(self, settings: Settings, *, auto_restart: bool = True, start_timeout: float = 1800.0) -> None:
         self.settings = settings
         self.auto_restart = auto_restart
         self.start_timeout = start_timeout
-        self.state = "stopped"
+        self.state = EngineState.STOPPED
         self.model_info: ModelInfo | None = None
         self.tokenizer: Any = None
         self.last_error: str | None = None
@@ -75,20 +76,20 @@ class VllmEngineClient:
 
     async def start(self) -> ModelInfo:
         """Start the server and wait until it answers /health and lists the served name in /v1/models."""
-        self.state = "loading"
+        self.state = EngineState.LOADING
         self.load_step = None
         try:
             info = await asyncio.wait_for(self._start(), self.start_timeout)
         except TimeoutError:
             await self._stop_server()
-            self.state = "down"
+            self.state = EngineState.DOWN
             raise ModelLoadError(f"vLLM did not become ready within {self.start_timeout:.0f} s") from None
         except BaseException:
             await self._stop_server()
-            self.state = "down"
+            self.state = EngineState.DOWN
             raise
         self.model_info = info
-        self.state = "ready"
+        self.state = EngineState.READY
         self._tasks.append(asyncio.create_task(self._scrape_loop(), name="vllm-scrape"))
         return info
 
@@ -148,12 +149,12 @@ class VllmEngineClient:
 
     async def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM to the server (and the engine core it forked), SIGKILL after `timeout`."""
-        self.state = "stopping"
+        self.state = EngineState.STOPPING
         if self._restart_task is not None:
             self._restart_task.cancel()
             await asyncio.gather(self._restart_task, return_exceptions=True)
         await self._stop_server(timeout)
-        self.state = "stopped"
+        self.state = EngineState.STOPPED
 
     async def _stop_server(self, timeout: float = STOP_TIMEOUT_S) -> None:
         process, self.process = self.process, None
@@ -181,11 +182,11 @@ class VllmEngineClient:
 
     async def _watch(self, process: asyncio.subprocess.Process) -> None:
         code = await process.wait()
-        if self.process is not process or self.state != "ready":
+        if self.process is not process or self.state != EngineState.READY:
             return  # a stop, or a start that reports the exit itself
         self.last_error = f"the vLLM server exited (code {code}){self._tail()}"
         log.error("%s", self.last_error)
-        self.state = "down"
+        self.state = EngineState.DOWN
         self.process = None
         vllm_process.kill_group(process.pid, signal.SIGKILL)  # its engine core, orphaned
         # The streams in flight fail on their own (the connections reset, as UpstreamError: EngineDeadError).
@@ -196,7 +197,7 @@ class VllmEngineClient:
     async def _restart_after_crash(self) -> None:
         await self._stop_server()
         delay = 1.0
-        while self.state == "down":
+        while self.state == EngineState.DOWN:
             self.restarts += 1
             try:
                 await self.start()
@@ -207,7 +208,7 @@ class VllmEngineClient:
 
     def _on_line(self, line: str) -> None:
         self._last_lines.append(line)
-        if self.state == "loading":
+        if self.state == EngineState.LOADING:
             self.load_step = vllm_process.load_step(line)
 
     def _progress(self, step: str) -> None:
@@ -237,7 +238,7 @@ class VllmEngineClient:
 
     def healthy(self, max_silence: float = 30.0) -> bool:
         """Ready and answering its /metrics lately: a hung server (not just a dead one) fails this."""
-        return self.state == "ready" and time.monotonic() - self.last_heartbeat < max_silence
+        return self.state == EngineState.READY and time.monotonic() - self.last_heartbeat < max_silence
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -251,7 +252,7 @@ class VllmEngineClient:
     ) -> VllmStream:
         rid = request_id or secrets.token_hex(16)
         upstream, info = self._upstream, self.model_info
-        if self.state != "ready" or upstream is None or info is None:
+        if self.state != EngineState.READY or upstream is None or info is None:
             dead = EngineDeadError(f"the engine is not ready (state: {self.state})")
             return VllmStream(self._streams, rid, None, dead)
         if rid in self._streams:
@@ -270,6 +271,6 @@ class VllmEngineClient:
             await stream.abort()
 
     def stats(self) -> EngineStats | None:
-        if self.state != "ready" or self._launch is None or self.model_info is None:
+        if self.state != EngineState.READY or self._launch is None or self.model_info is None:
             return None
         return stats_of(self._scrape, self._launch, self.model_info, self._weights_bytes, self._memory)

@@ -12,6 +12,7 @@ import time
 from engine.messages import QUEUE_SNAPSHOT
 from engine.sampling_params import SamplingParams
 from engine.sched.block_manager import BlockManager
+from engine.sched.policy import Policy
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler, SchedulerLimits
 from engine.sched.tenant import Tenant
@@ -21,7 +22,7 @@ class Run:
     """One policy's scheduler over a queue kept at `waiting` requests of `tenants` tenants, stepped with a
     stand-in for the runner (every sampling row gets a token)."""
 
-    def __init__(self, policy: str, running: int, waiting: int, tenants: int, seed: int) -> None:
+    def __init__(self, policy: Policy, running: int, waiting: int, tenants: int, seed: int) -> None:
         self.rng = random.Random(seed)
         self.running, self.waiting = running, waiting
         limits = SchedulerLimits(running, 4096, waiting + running + 64, 4096, policy)
@@ -72,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     print(f"{args.running} running, {args.waiting} waiting, {args.tenants} tenants, {args.steps} steps")
-    runs = {policy: Run(policy, args.running, args.waiting, args.tenants, args.seed) for policy in ("fcfs", "fair")}
+    runs = {
+        policy: Run(policy, args.running, args.waiting, args.tenants, args.seed)
+        for policy in (Policy.FCFS, Policy.FAIR)
+    }
     for step in range(args.steps + 50):  # the first 50 fill the batch; then the policies take turns, step by step
         for run in runs.values():
             run.step(measured=step >= 50)
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{ms[int(len(ms) * 0.99)]:.3f}); stats snapshot (tenants + queue of {QUEUE_SNAPSHOT}) "
             f"{run.snapshot_ms():.3f} ms; {run.sched.num_preemptions} preemptions"
         )
-    extra = statistics.fmean(runs["fair"].times) - statistics.fmean(runs["fcfs"].times)
+    extra = statistics.fmean(runs[Policy.FAIR].times) - statistics.fmean(runs[Policy.FCFS].times)
     print(f"fair costs {extra:+.3f} ms per step over fcfs (bar: fair <= 0.1 ms per step)")
     return 0
 

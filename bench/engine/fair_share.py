@@ -11,14 +11,14 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 from bench.engine.runs import percentile
-from engine.config import EngineConfig, Policy
+from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.model.attention import ATTENTION_NAME
 from engine.model.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
+from engine.sched.policy import Policy
 from engine.sched.tenant import Tenant
 
 HEAVY = Tenant("heavy")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{loaded.name} on {loaded.device}, {args.max_num_seqs} seats: 4 light tenants ({args.light_tokens} tokens "
         f"every ~{args.interval} s each), heavy tenant {args.heavy_streams} x {args.heavy_tokens} tokens in flight"
     )
-    policies = [cast(Policy, s.strip()) for s in args.policies.split(",") if s.strip()]
+    policies = [Policy(s.strip()) for s in args.policies.split(",") if s.strip()]
     runs: dict[str, tuple[list[Phase], list[Phase]]] = {p: ([], []) for p in policies}
     for _ in range(args.rounds):
         for policy in policies:

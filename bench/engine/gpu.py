@@ -35,14 +35,15 @@ import transformers
 from bench.engine.__main__ import print_table, ratios
 from bench.engine.runs import RunResult, run_engine, run_transformers_cb
 from bench.engine.workload import WorkloadSpec, make_workload
-from engine.config import EngineConfig, Policy
+from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.model.attention import ATTENTION_NAME
 from engine.model.loader import LoadedModel, load_model
 from engine.sampling_params import SamplingParams
+from engine.sched.policy import Policy
 
 GIB = 1 << 30
-ENGINE_POLICIES: tuple[Policy, ...] = ("continuous", "static")
+ENGINE_POLICIES: tuple[Policy, ...] = (Policy.CONTINUOUS, Policy.STATIC)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.engine.workload import BenchRequest
-from engine.config import EngineConfig, Policy
+from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import RequestOutput
 from engine.model.loader import LoadedModel
 from engine.sampling_params import SamplingParams
+from engine.sched.policy import Policy
 
 Tick = Callable[[int], None]  # called with how many requests finished since the last call
 
@@ -182,7 +183,7 @@ def measure_overhead(loaded: LoadedModel, config: EngineConfig, running: int = 6
     import engine.model.runner as runner_module
 
     core = EngineCore(
-        replace(config, max_num_seqs=max(running, config.max_num_seqs), policy="continuous"), loaded=loaded
+        replace(config, max_num_seqs=max(running, config.max_num_seqs), policy=Policy.CONTINUOUS), loaded=loaded
     )
     params = SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True)
     for i in range(running):

@@ -17,10 +17,9 @@ from engine.errors import QueueFullError
 from engine.sched.block_manager import BlockManager
 from engine.sched.fair import TenantBook
 from engine.sched.limits import check_fits
+from engine.sched.policy import Policy
 from engine.sched.queues import FairQueue, FcfsQueue, WaitingQueue
 from engine.sched.request import Request, RequestStatus
-
-CONTINUOUS_POLICIES = ("fair", "fcfs", "continuous")
 
 
 @dataclass(slots=True)
@@ -52,7 +51,10 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     max_queue: int
     max_model_len: int
-    policy: str = "fair"
+    policy: Policy = Policy.FAIR
+
+    def __post_init__(self) -> None:
+        self.policy = Policy(self.policy)  # a name (a test's, a benchmark's) becomes the member compared below
 
 
 class Scheduler:
@@ -66,7 +68,7 @@ class Scheduler:
         self.blocks = block_manager
         self.clock = clock
         self.book = TenantBook()  # kept under every policy: the per-tenant stats come from it
-        self.waiting: WaitingQueue = FairQueue(self.book) if limits.policy == "fair" else FcfsQueue()
+        self.waiting: WaitingQueue = FairQueue(self.book) if limits.policy is Policy.FAIR else FcfsQueue()
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.requests: dict[str, Request] = {}
         # Accepted but not yet queued: a guided request whose grammar is still compiling (engine.sample.guided).
@@ -122,7 +124,7 @@ class Scheduler:
                 continue
             # No free block: preempt the newest request of the tenant that received the most (req itself
             # perhaps); one already scheduled this step gives its tokens back.
-            v = self.book.kv_victim(self.running) if self.limits.policy == "fair" else len(self.running) - 1
+            v = self.book.kv_victim(self.running) if self.limits.policy is Policy.FAIR else len(self.running) - 1
             victim = self.running.pop(v)
             out.preempted.append(victim)
             if v < i:
@@ -160,26 +162,26 @@ class Scheduler:
 
     def _may_admit(self) -> bool:
         # static and sequential admit a new batch only when the running batch is empty.
-        return self.limits.policy in CONTINUOUS_POLICIES or not self.running
+        return self.limits.policy.continuous or not self.running
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:
         """Admit waiting requests in the queue's order while seats, blocks and budget allow; under fair, take a
         seat back for a head that found none (engine.sched.fair). A static batch is admitted whole (up to
         max_num_seqs): members beyond this step's budget join it now and start computing next step."""
         policy = self.limits.policy
-        max_seqs = 1 if policy == "sequential" else self.limits.max_num_seqs
-        while self.waiting and (budget > 0 or policy == "static"):
+        max_seqs = 1 if policy is Policy.SEQUENTIAL else self.limits.max_num_seqs
+        while self.waiting and (budget > 0 or policy is Policy.STATIC):
             req = self.waiting.peek()
             tokens = req.all_token_ids
             hits = self.blocks.get_computed_blocks(tokens)
-            if policy in CONTINUOUS_POLICIES and self.blocks.awaits_prefix(tokens, hits[0]):
+            if policy.continuous and self.blocks.awaits_prefix(tokens, hits[0]):
                 # A running request is computing the next blocks of this prompt (n sequences of one prompt, a
                 # system prompt arriving in a burst): req shares them once cached, a step or so later, rather
                 # than compute a copy; those behind it wait too, so the queue keeps its order.
                 return budget
             # Seats taken back are for req alone: the victims must not win them back in the same step.
             while (n := self._seat(req, tokens, hits, budget) if len(self.running) < max_seqs else None) is None:
-                v = self.book.reclaim_victim(req, self.running, max_seqs) if policy == "fair" else None
+                v = self.book.reclaim_victim(req, self.running, max_seqs) if policy is Policy.FAIR else None
                 if v is None:
                     return budget
                 victim = self.running.pop(v)
@@ -198,7 +200,7 @@ class Scheduler:
         hit_blocks, num_cached = hits
         n = min(len(tokens) - num_cached, budget)
         # A static member holds blocks for its whole prompt from the start: admission is by free blocks.
-        reserve = len(tokens) if self.limits.policy == "static" else num_cached + n
+        reserve = len(tokens) if self.limits.policy is Policy.STATIC else num_cached + n
         if not self.blocks.allocate_slots(req.request_id, reserve, hit_blocks):
             return None
         req.num_kv_slots = self.blocks.num_slots(req.request_id)

@@ -15,8 +15,9 @@ import pytest
 from engine.errors import ContextLengthError, QueueFullError
 from engine.sampling_params import SamplingParams
 from engine.sched.block_manager import BlockManager
+from engine.sched.policy import Policy
 from engine.sched.request import Request, RequestStatus
-from engine.sched.scheduler import CONTINUOUS_POLICIES, Scheduler, SchedulerLimits, SchedulerOutput
+from engine.sched.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from engine.sched.tenant import DEFAULT_TENANT, Tenant
 
 EOS = 2
@@ -145,7 +146,7 @@ class Harness:
         admitted = [s.request for s in out.scheduled if s.request not in running_before]
         if out.preempted:
             assert not admitted, "admitted in a step that preempted"
-        if limits.policy not in CONTINUOUS_POLICIES and running_before:
+        if not Policy(limits.policy).continuous and running_before:
             assert not admitted, f"{limits.policy} policy admitted beside a running batch"
         if limits.max_num_seqs <= limits.max_num_batched_tokens:
             # Decodes are never stalled: each running request with only its last token to compute runs or is

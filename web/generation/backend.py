@@ -11,7 +11,11 @@ from engine import EngineStats, ModelInfo, QueuePosition, RequestOutput, Samplin
 
 
 class EngineClient(Protocol):
-    state: str
+    @property
+    def state(self) -> str:
+        """An engine.EngineState, or NoLocalEngine's 'none'."""
+        ...
+
     model_info: ModelInfo | None
     tokenizer: Any
     last_error: str | None
