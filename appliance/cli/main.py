@@ -1,4 +1,5 @@
-"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, models, bench, assets, settings.
+"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, models, bench, assets, settings,
+layout.
 
 Settings come from APPLIANCE_* variables and the env file named by APPLIANCE_ENV_FILE; `serve` and `doctor`
 take any setting as a flag too (--port 9000 is APPLIANCE_PORT=9000), except the secrets.
@@ -14,13 +15,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from appliance.cli import chat, keys
+from appliance.cli import chat, keys, layout
 from appliance.cli import models as models_cli
 from appliance.settings import PREFIX, Settings, SettingsError, load_settings, settings_table
 from engine import ConfigError
 from web.errors import AppError
 
-COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,models,bench,assets,settings}"
+COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,models,bench,assets,settings,layout}"
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch", help="fetch them into the installed package (skipped when the pinned files are there)"
     )
     commands.add_parser("settings", help="print every setting as a Markdown table (the README's)")
+    commands.add_parser("layout", help="print the source tree's folders and the engine's modules (the README's tables)")
     return parser
 
 
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "settings":
         _print_settings()
         return
+    if args.command == "layout":
+        raise SystemExit(layout.main())
     if args.command == "assets":
         from web.static.assets import main as fetch_assets
 

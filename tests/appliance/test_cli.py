@@ -84,3 +84,23 @@ def test_readme_configuration_table_is_the_generated_one(cli: Cli) -> None:
     assert start in readme and end in readme, "the README marks where `appliance settings` output goes"
     documented = readme.split(start, 1)[1].split(end, 1)[0]
     assert documented == cli("settings").out, "regenerate the README table with `appliance settings`"
+
+
+def test_readme_layout_tables_are_the_generated_ones(cli: Cli) -> None:
+    readme = (REPO / "README.md").read_text()
+    start, end = "<!-- layout: appliance layout -->\n", "<!-- end of layout -->"
+    assert start in readme and end in readme, "the README marks where `appliance layout` output goes"
+    documented = readme.split(start, 1)[1].split(end, 1)[0]
+    assert documented == cli("layout").out, "regenerate the README's layout tables with `appliance layout`"
+
+
+def test_every_package_and_engine_module_says_what_it_owns() -> None:
+    from appliance.cli.layout import ROOMS, summary
+
+    silent = [
+        path.relative_to(REPO).as_posix()
+        for room in ROOMS
+        for path in (REPO / room).rglob("*.py")
+        if (path.name == "__init__.py" or room == "engine") and not summary(path)
+    ]
+    assert silent == [], "a module docstring of one or two lines says what the room owns"
