@@ -35,6 +35,7 @@ from bench.servers import (
     vllm_server,
     warm,
 )
+from bench.variant import Variant
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 
 APPLIANCE_VARIANTS = "auto/auto,none/float32,none/auto,nf4/auto,fp4/auto,int8/auto"
@@ -81,24 +82,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, str, str, frozenset[str]]]:
-    """(row name, quantization, dtype, what is turned off) per appliance run; one that resolves like the defaults
-    is not rerun."""
+def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, Variant]]:
+    """(row name, variant) per appliance run; one that resolves like the defaults is not rerun."""
     rows, seen = [], set()
-    for variant in filter(None, (s.strip() for s in spec.split(","))):
-        quantization, _, rest = variant.partition("/")
-        dtype, _, off = rest.partition("/")
-        dtype = dtype or "auto"
-        resolved = (
-            auto_quantization("cpu", flags) if quantization == "auto" else quantization,
-            auto_cpu_dtype(flags) if dtype == "auto" else dtype,
-            frozenset(filter(None, off.split("+"))),
+    for text in filter(None, (s.strip() for s in spec.split(","))):
+        variant = Variant.parse(text)
+        resolved = Variant(
+            auto_quantization("cpu", flags) if variant.quantization == "auto" else variant.quantization,
+            auto_cpu_dtype(flags) if variant.dtype == "auto" else variant.dtype,
+            variant.off,
         )
         if resolved in seen:
             continue
         seen.add(resolved)
-        name = "appliance, defaults" if variant == "auto/auto" else f"appliance, {variant}"
-        rows.append((f"{name} ({resolved[0]}, {resolved[1]})", quantization, dtype, resolved[2]))
+        name = "appliance, defaults" if text == "auto/auto" else f"appliance, {text}"
+        rows.append((f"{name} ({resolved.quantization}, {resolved.dtype})", variant))
     return rows
 
 
@@ -196,10 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{spec.sigma}, ignore_eos, seed {spec.seed}; client aiperf 0.13 (fixed schedule)"
     )
     if args.dry_run:
-        for name, quantization, dtype, off in plan:
-            toggles = f"APPLIANCE_COMPACT_WEIGHTS={str('plain' not in off).lower()} "
-            toggles += f"APPLIANCE_OWN_FORWARD={str('hf' not in off).lower()}"
-            print(f"would run {name}: APPLIANCE_QUANTIZATION={quantization} APPLIANCE_DTYPE={dtype} {toggles} serve")
+        for name, variant in plan:
+            settings = " ".join(f"{k}={v}" for k, v in variant.settings().items())
+            print(f"would run {name}: {settings} serve")
         for dtype in vllm_dtypes:
             print(f"would run {vllm_server(args.vllm_python, Path('MODEL_DIR'), dtype).name}")
         return 0
@@ -220,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return model_dir
 
     appliances = [
-        (appliance_server(name, q, d, off, variant_dir(data_dir, i)), keys[i])
-        for i, (name, q, d, off) in enumerate(plan)
+        (appliance_server(name, variant, variant_dir(data_dir, i)), keys[i]) for i, (name, variant) in enumerate(plan)
     ]
 
     def peers() -> list[tuple[Server, str]]:  # after an appliance has converted the model vLLM serves

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.variant import Variant
+
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "data" / "served-bench"
 PEERS = REPO / "data" / "peers"
@@ -46,18 +48,18 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("APPLIANCE_", "VLLM_"))}
 
 
-def appliance_server(name: str, quantization: str, dtype: str, off: frozenset[str], data_dir: Path) -> Server:
+def appliance_server(name: str, variant: Variant, data_dir: Path) -> Server:
     port = free_port()
-    env = clean_env() | {
-        "APPLIANCE_DATA_DIR": str(data_dir),
-        "APPLIANCE_PORT": str(port),
-        "APPLIANCE_QUANTIZATION": quantization,
-        "APPLIANCE_DTYPE": dtype,
-        "APPLIANCE_COMPACT_WEIGHTS": str("plain" not in off).lower(),
-        "APPLIANCE_OWN_FORWARD": str("hf" not in off).lower(),
-        "APPLIANCE_SERVED_MODEL_NAME": SERVED_NAME,
-        "APPLIANCE_LOG_LEVEL": "warning",
-    }
+    env = (
+        clean_env()
+        | variant.settings()
+        | {
+            "APPLIANCE_DATA_DIR": str(data_dir),
+            "APPLIANCE_PORT": str(port),
+            "APPLIANCE_SERVED_MODEL_NAME": SERVED_NAME,
+            "APPLIANCE_LOG_LEVEL": "warning",
+        }
+    )
     appliance = str(Path(sys.executable).with_name("appliance"))
     log = WORK / f"{name.split(' (')[0].replace(', ', '-').replace('/', '-').replace(' ', '')}.log"
     return Server(name, [appliance, "serve"], env, f"http://127.0.0.1:{port}", "", log, "/ready")

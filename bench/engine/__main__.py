@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from bench.engine.runs import RunResult, measure_overhead, run_engine, run_transformers_cb
 from bench.engine.workload import WorkloadSpec, make_workload
-from engine.config import EngineConfig
+from bench.variant import engine_config
 from engine.model.attention import ATTENTION_NAME
 from engine.model.kv_cache import bytes_per_block
 from engine.model.loader import load_model
@@ -73,17 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown runs: {', '.join(sorted(unknown))}; choose from {', '.join(RUNS)}", file=sys.stderr)
         return 2
-    config = EngineConfig(
-        model=args.model,
-        quantization=args.quantization,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed,
-        cpu_threads=args.cpu_threads,
-        cache_dir=args.cache_dir,
-    )
+    config = engine_config(args)
     print(f"loading {config.model} ({config.quantization}) …", file=sys.stderr)
     loaded = load_model(config, lambda what: print(f"  {what}", file=sys.stderr), attn_implementation=ATTENTION_NAME)
     spec = WorkloadSpec.from_options(args)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from bench.engine.runs import percentile
+from bench.variant import engine_config
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.model.attention import ATTENTION_NAME
@@ -113,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    config = EngineConfig(
-        model=args.model, quantization="none", max_num_seqs=args.max_num_seqs, cpu_threads=args.cpu_threads
-    )
+    config = engine_config(args, quantization="none")
     loaded = load_model(config, attn_implementation=ATTENTION_NAME)
     print(
         f"{loaded.name} on {loaded.device}, {args.max_num_seqs} seats: 4 light tenants ({args.light_tokens} tokens "

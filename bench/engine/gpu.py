@@ -35,6 +35,7 @@ import transformers
 from bench.engine.__main__ import print_table, ratios
 from bench.engine.runs import RunResult, run_engine, run_transformers_cb
 from bench.engine.workload import WorkloadSpec, make_workload
+from bench.variant import engine_config
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.model.attention import ATTENTION_NAME
@@ -72,13 +73,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        quantization=args.quantization,
+def gpu_engine_config(args: argparse.Namespace) -> EngineConfig:
+    return engine_config(
+        args,
         device="cpu" if args.dry_run else "cuda",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_cap_bytes=None if args.dry_run else int(args.cap_gib * GIB),
         kv_cache_bytes=64 << 20,  # the CPU pool of --dry-run; CUDA sizes its pool from the cap
     )
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run to check the script on the CPU", file=sys.stderr)
         return 2
-    config = engine_config(args)
+    config = gpu_engine_config(args)
     report: dict[str, Any] = {
         "model": config.model,
         "quantization": config.quantization,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from bench.variant import engine_config
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.model.attention import ATTENTION_NAME
@@ -121,12 +122,10 @@ def measure(cores: dict[str, EngineCore], steps: int) -> dict[str, tuple[list[fl
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     blocks_per_seq = -(-(args.context + max_tokens(args)) // 16)
-    config = EngineConfig(
-        model=args.model,
+    config = engine_config(
+        args,
         quantization="none",
         dtype="float32",
-        device=args.device,
-        cpu_threads=args.cpu_threads,
         max_num_seqs=args.running,
         max_num_batched_tokens=max(512, args.running),
         num_kv_blocks=args.running * blocks_per_seq,

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.variant import Variant, variant_help
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.cpu.decode_kernel import AttentionKernel
@@ -28,8 +29,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         default="none/float32,none/bfloat16,nf4/float32,nf4/bfloat16",
-        help="quantization/dtype pairs; a third part turns off what it names, joined by +: 'plain' keeps float32 "
-        "weights unpacked (engine.cpu.packed_linear), 'hf' runs transformers' forward (engine.model.forward)",
+        help="comma-separated variants, each " + variant_help(),
     )
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--context", type=int, default=64, help="prompt tokens of every request (the median with --sigma)")
@@ -120,17 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':>24} | " + " | ".join(f"batch {b:>3}" for b in batches))
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()] or [""]
     for variant in args.variants.split(","):
-        quantization, dtype, *rest = variant.split("/")
-        off = set(rest[0].split("+")) if rest else set()
-        base = EngineConfig(
-            compact_weights="plain" not in off,
-            own_forward="hf" not in off,
-            model=args.model,
-            quantization=quantization,
-            dtype=dtype,
-            device="cpu",
-            cpu_threads=args.cpu_threads,
-        )
+        base = Variant.parse(variant).config(model=args.model, device="cpu", cpu_threads=args.cpu_threads)
         cells: dict[str, list[float]] = {a: [] for a in attentions}
         for b in batches:
             core = decoding_core(base, b, args.context, args.steps * len(attentions), args.sigma)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from bench.stream.load import MESSAGES, cpu_seconds
+from bench.variant import engine_config
 from engine import AsyncEngineClient, EngineConfig, RequestOutput, SamplingParams
 from web.system.metrics import percentile
 
@@ -56,9 +57,9 @@ class DeltaClock:
         return added
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
+def stream_engine_config(args: argparse.Namespace) -> EngineConfig:
+    return engine_config(
+        args,
         quantization="none",
         max_num_seqs=max(args.clients, 1),
         max_num_batched_tokens=args.batched_tokens,
@@ -74,7 +75,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def engine_alone(args: argparse.Namespace) -> tuple[float, list[float]]:
     """Tokens/s and per-token gaps (ms) with no server in the way."""
-    client = AsyncEngineClient(engine_config(args), auto_restart=False)
+    client = AsyncEngineClient(stream_engine_config(args), auto_restart=False)
     await client.start()
     ids = client.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -107,7 +108,7 @@ async def through_server(args: argparse.Namespace) -> dict[str, Any]:
     from web.keys.service import KeyLimits
 
     with tempfile.TemporaryDirectory() as tmp:
-        client = AsyncEngineClient(engine_config(args), auto_restart=False)
+        client = AsyncEngineClient(stream_engine_config(args), auto_restart=False)
         clock = DeltaClock(client)
         gateway = build_gateway(WebConfig(database_url=sqlite_url(Path(tmp) / "bench.db")), client)
         app = app_of(gateway)

@@ -16,7 +16,7 @@ AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 def test_pairs_that_resolve_like_the_defaults_are_not_run_twice() -> None:
     plan = variants("auto/auto,none/float32,none/auto,nf4/auto,int8", AVX512_BF16)
     # The defaults are none/bfloat16 here, so none/auto is not run again.
-    assert [(q, d) for _, q, d, _ in plan] == [
+    assert [(v.quantization, v.dtype) for _, v in plan] == [
         ("auto", "auto"),
         ("none", "float32"),
         ("nf4", "auto"),
@@ -26,7 +26,7 @@ def test_pairs_that_resolve_like_the_defaults_are_not_run_twice() -> None:
     # Without AVX512-BF16 the defaults are fp32, so nf4 is a run of its own and none/float32 is not; float32
     # weights left unpacked ('plain') or transformers' forward ('hf') are runs of their own.
     avx2 = variants("auto/auto,none/float32,nf4/auto,none/float32/plain,auto/auto/plain+hf", frozenset({"avx2"}))
-    assert [(q, d, sorted(off)) for _, q, d, off in avx2] == [
+    assert [(v.quantization, v.dtype, sorted(v.off)) for _, v in avx2] == [
         ("auto", "auto", []),
         ("nf4", "auto", []),
         ("none", "float32", ["plain"]),
