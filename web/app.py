@@ -20,6 +20,7 @@ from web.anthropic.errors import on_messages_paths
 from web.anthropic.routes import anthropic_router
 from web.backends.embedded import EmbeddedBackend
 from web.backends.protocol import Backend
+from web.backends.publish import publish_router
 from web.backends.router import Router, remote_backends
 from web.backends.tokenizers import Tokenizers
 from web.config import WebConfig
@@ -186,6 +187,7 @@ def app_of(gateway: Gateway) -> Litestar:
     api = [
         openai_router(api_key),
         anthropic_router(api_key),
+        publish_router(api_key),
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),
         keys_router(admin),

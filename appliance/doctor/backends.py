@@ -40,12 +40,24 @@ async def _probe(spec: BackendSpec, http: httpx.AsyncClient) -> tuple[bool, str]
     if health != "up":
         return False, f"{spec.name} {health}"
     try:
-        models = [spec.served_name(m.id) for m in await upstream.models()]
+        listed = await upstream.models()
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        wrong_key = " (a wrong key in its entry?)" if status in (401, 403) else ""
+        return False, f"{spec.name} up, but its model list answered {status}{wrong_key}"
     except httpx.HTTPError as exc:
         return False, f"{spec.name} up, but its model list failed ({type(exc).__name__})"
+    models = [spec.served_name(m.id) for m in listed]
     serves = f"{spec.name} serves {', '.join(models) or 'nothing'}"
+    unlisted = [upstream_id for upstream_id, _ in spec.aliases if upstream_id not in {m.id for m in listed}]
+    if unlisted:
+        return False, f"{serves}, but its entry names {', '.join(unlisted)}, which it does not list"
     if spec.tokenizer is None:
-        return True, serves
+        published = [await upstream.tokenizer_files(m.id) is not None for m in listed]
+        if all(published):
+            return bool(listed), serves + (" (it publishes their tokenizer)" if listed else "")
+        bare = ", ".join(name for name, ok in zip(models, published, strict=True) if not ok)
+        return False, f"{serves}, but no tokenizer for {bare}: it publishes none (add #tokenizer=DIR to its entry)"
     if not (Path(spec.tokenizer) / "tokenizer_config.json").is_file():
         return False, f"{serves}, but #tokenizer={spec.tokenizer} holds no tokenizer"
     return True, f"{serves} (tokenizer {spec.tokenizer})"

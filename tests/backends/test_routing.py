@@ -1,5 +1,6 @@
-"""A gateway in front of two other appliances (random:tiny) as its remote backends, all real processes: the
-requests spread over both, history and usage are exact across them, upstream keys appear nowhere, a backend
+"""A gateway in front of two other appliances (random:tiny) as its remote backends, all real processes, with no
+tokenizer copied onto the gateway (it fetches what each publishes) and ready only once it can serve: the requests
+spread over both, history and usage are exact across them, upstream keys appear nowhere, a backend
 SIGKILLed under load fails over with nothing lost, and a draining backend gets no new requests. The tests run in
 file order on one set of servers (the last one drains a backend for good)."""
 
@@ -47,12 +48,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
     with serving(root / "a") as a, serving(root / "b") as b:
         keys = {backend_name(s): s.new_key("gateway") for s in (a, b)}
-        # b takes its prompts as text, as a server that takes no token ids does (Ollama's /v1).
-        options = {backend_name(a): "", backend_name(b): "&prompt=text"}
-        entries = [f"http://:{keys[n]}@{n}#tokenizer={TOKENIZER}{options[n]}" for n in map(backend_name, (a, b))]
+        # No #tokenizer= anywhere: the gateway fetches each backend's. b takes its prompts as text, as a server that
+        # takes no token ids does (Ollama's /v1).
+        options = {backend_name(a): "", backend_name(b): "#prompt=text"}
+        entries = [f"http://:{keys[n]}@{n}{options[n]}" for n in map(backend_name, (a, b))]
         with serving(root / "gateway", backends=",".join(entries)) as gateway:
             servers = {backend_name(a): a, backend_name(b): b}
             fleet = Fleet(gateway, servers, keys, gateway.new_key("clients"), ",".join(entries))
+            # Ready means servable: the model is listed the moment /ready says 200 (the chats follow in the tests).
+            listed = httpx.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {fleet.key}"}).json()
+            assert [m["id"] for m in listed["data"]] == [MODEL]
             wait_for(lambda: all(s["state"] == "up" and s["models"] for s in statuses(fleet)), "both backends up")
             try:
                 yield fleet
@@ -283,6 +288,32 @@ def test_a_gateway_with_no_backend_up_refuses_in_the_api_shape(tmp_path: Path) -
         assert [s["state"] for s in httpx.get(gateway.url + "/admin/api/backends", headers=ADMIN).json()] == ["down"]
     finally:
         assert gateway.stop() == 0
+
+
+def test_ready_and_the_console_say_why_a_backend_serves_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    """A wrong key, or an entry naming a model the server does not list: /ready (when nothing else can serve), the
+    console's backends panel and the doctor each name the backend and the reason."""
+    name = next(iter(fleet.backends))
+    wrong_key = f"http://:sk-not-a-key@{name}"
+    gateway = start_server(tmp_path / "wrong", backends=wrong_key)
+    try:
+        wait_for(lambda: _answers(gateway), "the gateway answers")
+        wait_for(lambda: "first probe" not in httpx.get(gateway.url + "/ready").text, "the first probe", 20)
+        ready = httpx.get(gateway.url + "/ready")
+        assert ready.status_code == 503, ready.text
+        message = ready.json()["error"]["message"]
+        assert f"{name}: its model list answered 401 (a wrong key in its entry?)" in message, message
+        [status] = httpx.get(gateway.url + "/admin/api/backends", headers=ADMIN).json()
+        assert status["reason"] == "its model list answered 401 (a wrong key in its entry?)"
+    finally:
+        assert gateway.stop() == 0
+    unlisted = f"http://:{fleet.upstream_keys[name]}@{name}#alias=no-such-model=other"
+    for entry, why in [
+        (wrong_key, "answered 401 (a wrong key in its entry?)"),
+        (unlisted, "its entry names no-such-model, which it does not list"),
+    ]:
+        found = backends_finding(load_settings({"APPLIANCE_DATA_DIR": str(tmp_path), "APPLIANCE_BACKENDS": entry}))
+        assert found.level == "fail" and why in found.message, found
 
 
 def _answers(server: Server) -> bool:

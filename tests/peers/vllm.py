@@ -48,7 +48,7 @@ class VllmServer:
 
 def ensure_vllm_env() -> Path:
     """The venv, made once (CI starts from nothing; the script's stamp makes a second call a no-op)."""
-    subprocess.run([str(REPO / "appliance" / "vllm_env.sh"), str(VLLM_ENV), "python3"], check=True)
+    subprocess.run([str(REPO / "appliance" / "vllm" / "env.sh"), str(VLLM_ENV), "python3"], check=True)
     return VLLM_PYTHON
 
 

@@ -14,6 +14,7 @@ import httpx
 
 from engine import InvalidRequestError, ModelInfo, QueueFullError, RequestOutput, SamplingParams, Tenant
 from web.backends.breaker import Breaker
+from web.backends.fetched import FetchedTokenizers
 from web.backends.protocol import Served
 from web.backends.scrape import Load
 from web.backends.spec import BackendSpec
@@ -31,13 +32,17 @@ TokenizerFor = Callable[[str, str | None], "tuple[Any, str] | None"]
 class RemoteBackend:
     kind = "remote"
 
-    def __init__(self, spec: BackendSpec, http: httpx.AsyncClient, tokenizer_for: TokenizerFor) -> None:
+    def __init__(
+        self, spec: BackendSpec, http: httpx.AsyncClient, tokenizer_for: TokenizerFor, fetched: FetchedTokenizers
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.url: str | None = spec.base_url
         self.upstream = Upstream(spec.base_url, spec.api_key, http)
         self.breaker = Breaker()
         self._tokenizer_for = tokenizer_for
+        self._fetched = fetched
+        self._unfetchable: set[str] = set()  # models whose published tokenizer did not load: not fetched again
         self._health = "down"  # until the first probe answers
         self._load: Load | None = None
         self._served: dict[str, Served] = {}
@@ -45,6 +50,9 @@ class RemoteBackend:
         self._streams: dict[str, UpstreamStream] = {}
         self.last_error: str | None = None
         self.unservable: tuple[str, ...] = ()  # models it lists that the gateway has no tokenizer for
+        self.unlisted: tuple[str, ...] = ()  # models its entry's aliases name that it does not list
+        self.probed = False  # its first probe has finished (readiness waits for every backend's)
+        self._models_error: str | None = None
 
     def models(self) -> dict[str, Served]:
         return self._served if self.state() == "up" else {}
@@ -94,8 +102,34 @@ class RemoteBackend:
         if self.breaker.open:
             log.warning("backend %s: circuit open after %d failures in a row", self.name, self.breaker.failures)
 
+    def reason(self) -> str | None:
+        """Why it serves nothing or less than it lists, in the words /ready, the console and the doctor use; None
+        where it serves every model it lists."""
+        if not self.probed:
+            return "not probed yet"
+        if self._health != "up":
+            return self._health + (f" ({self.last_error})" if self.last_error else "")
+        if self.breaker.open:
+            return f"circuit open ({self.last_error})" if self.last_error else "circuit open"
+        if self._models_error is not None:
+            return self._models_error
+        problems = []
+        if self.unservable:
+            problems.append(f"no tokenizer for {', '.join(self.unservable)} (it publishes none: add #tokenizer=DIR)")
+        if self.unlisted:
+            problems.append(f"its entry names {', '.join(self.unlisted)}, which it does not list")
+        if not problems and not self._served:
+            problems.append("it lists no model")
+        return "; ".join(problems) or None
+
     async def probe(self) -> None:
         """Health, then (when up) load and, every MODELS_EVERY_S, its models. A probe never raises."""
+        try:
+            await self._probe()
+        finally:
+            self.probed = True
+
+    async def _probe(self) -> None:
         health = await self.upstream.health()
         if health != self._health:
             log.info("backend %s is %s", self.name, health)
@@ -111,27 +145,52 @@ class RemoteBackend:
     async def _refresh_models(self) -> None:
         try:
             listed = await self.upstream.models()
+        except httpx.HTTPStatusError as exc:
+            status = exc.response.status_code
+            self._models_error = f"its model list answered {status}" + (
+                " (a wrong key in its entry?)" if status in (401, 403) else ""
+            )
+            self.last_error = self._models_error
+            self._served = {}
+            return
         except (httpx.HTTPError, OSError) as exc:
             self.last_error = f"its model list failed: {type(exc).__name__}"
             return
+        self._models_error = None
         self._models_at = time.monotonic()
+        listed_ids = {m.id for m in listed}
+        self.unlisted = tuple(upstream_id for upstream_id, _ in self.spec.aliases if upstream_id not in listed_ids)
         served: dict[str, Served] = {}
         unservable = []
         for model in listed:
             name = self.spec.served_name(model.id)
             found = await asyncio.to_thread(self._tokenizer_for, name, self.spec.tokenizer)
+            if found is None and self.spec.tokenizer is None:
+                found = await self._fetched_tokenizer(model.id)
             if found is None:
                 unservable.append(name)
                 continue
             served[name] = Served(name, model.id, _info(name, model, *found), found[0])
         if tuple(unservable) != self.unservable and unservable:
             log.warning(
-                "backend %s: no tokenizer for %s (add #tokenizer=DIR to its entry in APPLIANCE_BACKENDS)",
+                "backend %s: no tokenizer for %s (it publishes none: add #tokenizer=DIR to its entry in "
+                "APPLIANCE_BACKENDS)",
                 self.name,
                 ", ".join(unservable),
             )
         self.unservable = tuple(unservable)
         self._served = served
+
+    async def _fetched_tokenizer(self, upstream_id: str) -> tuple[Any, str] | None:
+        """The tokenizer this backend publishes for the model (another appliance does), fetched and loaded once."""
+        tokenizer = self._fetched.get(self.name, upstream_id)
+        if tokenizer is None and upstream_id not in self._unfetchable:
+            files = await self.upstream.tokenizer_files(upstream_id)
+            if files is not None:
+                tokenizer = await asyncio.to_thread(self._fetched.load, self.name, upstream_id, files)
+                if tokenizer is None:
+                    self._unfetchable.add(upstream_id)
+        return None if tokenizer is None else (tokenizer, f"{self.url}/v1/tokenizer?model={upstream_id}")
 
 
 def _info(name: str, model: UpstreamModel, tokenizer: Any, tokenizer_dir: str) -> ModelInfo:

@@ -20,6 +20,7 @@ import httpx
 
 from engine import EngineDeadError, QueuePosition, SamplingParams, Tenant
 from web.backends.embedded import EmbeddedBackend
+from web.backends.fetched import FetchedTokenizers
 from web.backends.protocol import Backend, Served
 from web.backends.remote import RemoteBackend, TokenizerFor
 from web.backends.routed import RoutedStream
@@ -67,6 +68,14 @@ class Router:
             if isinstance(backend, EmbeddedBackend):
                 return backend
         return None
+
+    @property
+    def remotes(self) -> list[RemoteBackend]:
+        return [b for b in self.backends if isinstance(b, RemoteBackend)]
+
+    def remote_reasons(self) -> list[str]:
+        """'name: why' for each remote backend that serves less than it lists (readiness, console, doctor)."""
+        return [f"{b.name}: {why}" for b in self.remotes if (why := b.reason()) is not None]
 
     def model_names(self) -> list[str]:
         """The union of the models the backends up serve now, in the order of the backends."""
@@ -247,6 +256,7 @@ class Router:
                     errors=remote.breaker.failures if remote is not None else 0,
                     requests=self._requests[b.name],
                     last_error=remote.last_error if remote is not None else None,
+                    reason=remote.reason() if remote is not None else None,
                 )
             )
         return out
@@ -263,4 +273,5 @@ def remote_backends(
 ) -> tuple[list[Backend], httpx.AsyncClient]:
     """The remote backends over one connection pool (keep-alive to each server, HTTP/1.1 streams)."""
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64), trust_env=False)
-    return [RemoteBackend(spec, http, tokenizer_for) for spec in specs], http
+    fetched = FetchedTokenizers()
+    return [RemoteBackend(spec, http, tokenizer_for, fetched) for spec in specs], http

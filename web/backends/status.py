@@ -22,3 +22,4 @@ class BackendStatus:
     errors: int  # failures in the recent window (the circuit breaker's count)
     requests: int  # requests routed to it since the gateway started
     last_error: str | None
+    reason: str | None = None  # why it serves nothing, or less than it lists (RemoteBackend.reason)

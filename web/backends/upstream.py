@@ -37,6 +37,7 @@ MESSAGE_CHARS = 300  # of an upstream's error message passed on to a client
 MAX_LINE_BYTES = 1 << 20  # one SSE line from an upstream; a longer one is a broken (or hostile) server
 CONNECT_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 2.0
+MAX_TOKENIZER_BYTES = 160 << 20  # a published tokenizer as JSON (escaping can double its 64 MiB of files)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,27 @@ class Upstream:
                 ok = isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0
                 out.append(UpstreamModel(entry["id"], max_len if ok else None))
         return out
+
+    async def tokenizer_files(self, model: str) -> dict[str, str] | None:
+        """The tokenizer files another appliance publishes for `model` (web/backends/publish.py), or None where the
+        server publishes none (vLLM, SGLang, llama.cpp) or sends something else."""
+        try:
+            async with self._http.stream(
+                "GET", f"{self.base_url}/v1/tokenizer", params={"model": model}, headers=self._headers
+            ) as r:
+                if r.status_code != 200:
+                    return None
+                raw = bytearray()
+                async for chunk in r.aiter_bytes():
+                    raw += chunk
+                    if len(raw) > MAX_TOKENIZER_BYTES:
+                        return None
+        except httpx.HTTPError:
+            return None
+        files = _json(bytes(raw)).get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return None
+        return files
 
     async def scrape(self) -> Load | None:
         """Its load from /metrics (None: it exports none the gateway knows)."""

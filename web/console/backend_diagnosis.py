@@ -32,6 +32,8 @@ def trouble(s: BackendStatus) -> str | None:
         return f"Backend {s.name} is draining: it takes no new requests."
     if s.state == "loading":
         return f"Backend {s.name} is loading its model."
+    if s.reason is not None:
+        return f"Backend {s.name} is up but serves {'less than it lists' if s.models else 'nothing'}: {s.reason}."
     return None
 
 

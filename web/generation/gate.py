@@ -56,10 +56,16 @@ class EngineGate:
         local = self._local_readiness()
         if self.router is None or not self.router.has_remotes:
             return local
-        if self.router.up():
+        unprobed = [b.name for b in self.router.remotes if not b.probed]
+        if unprobed:
+            return False, f"waiting for the first probe of {', '.join(unprobed)}"
+        if self.router.up() and self.router.model_names():
             return True, "ready"
-        why = "no backend is up"
-        return False, why + (f" (the local engine: {local[1]})" if self.router.embedded is not None else "")
+        why = "no backend is up" if not self.router.up() else "no backend serves a model"
+        reasons = self.router.remote_reasons()
+        if self.router.embedded is not None:
+            reasons.insert(0, f"the local engine: {local[1]}")
+        return False, why + (f" ({'; '.join(reasons)})" if reasons else "")
 
     @property
     def none_up(self) -> bool:
