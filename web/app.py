@@ -44,6 +44,7 @@ from web.keys.views import KeyViews
 from web.ledger import Ledger
 from web.openai.routes import openai_router
 from web.openai.service import Prompts
+from web.system.access import AccessLog
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics
 from web.system.models import Catalog, ModelSwitch
@@ -196,7 +197,7 @@ def app_of(gateway: Gateway) -> Litestar:
     ]
     browser = pages()  # the chat page, the admin console, their templates and static files
     dependencies = gateway.dependencies()
-    return Litestar(
+    app = Litestar(
         route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],
         dependencies=dependencies,
         template_config=browser.template_config,
@@ -206,3 +207,6 @@ def app_of(gateway: Gateway) -> Litestar:
         openapi_config=None,  # the document is web/system/openapi.py's: Litestar's alone is wrong (and at /schema)
         logging_config=None,  # logging belongs to the process (appliance), not to the web room
     )
+    # Around Litestar's whole handler, routing included: unknown routes and wrong methods are logged and counted.
+    app.asgi_handler = AccessLog(app.asgi_handler, gateway.metrics)
+    return app

@@ -20,6 +20,7 @@ from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 log = logging.getLogger("web.errors")
 _FIELD = re.compile(r"field `([^`]+)`")
 
+RETRYABLE_4XX = (408, 409, 429)  # a timeout, a conflict, a rate limit: the same request may pass later
 RETRY_AFTER_SECONDS = 1
 STORAGE_RETRY_AFTER_SECONDS = 5  # a lock outlasting the busy timeout, or a full disk, does not clear in a second
 
@@ -154,6 +155,10 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 def _respond(
     status: int, message: str, type_: str, param: str | None, code: str | None, headers: Mapping[str, str]
 ) -> Response[dict[str, Any]]:
+    if 400 <= status < 500 and status not in RETRYABLE_4XX:
+        # Retrying cannot fix it: clients that honour the header (OpenAI's and Anthropic's SDKs, Claude Code)
+        # fail at once instead of backing off for minutes.
+        headers = {**headers, "x-should-retry": "false"}
     return Response(error_body(message, type_, param, code), status_code=status, headers=dict(headers))
 
 

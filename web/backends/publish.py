@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
 from litestar import Router, get
+from litestar.params import QueryParameter
 from litestar.types import Guard
 from msgspec import Struct
 
@@ -33,7 +35,7 @@ def read_published(directory: Path) -> dict[str, str]:
 
 
 @get("/tokenizer")
-async def tokenizer_files(gate: deps.Gate, model: str) -> TokenizerFiles:
+async def tokenizer_files(gate: deps.Gate, model: Annotated[str, QueryParameter(max_length=256)]) -> TokenizerFiles:
     info = gate.client.model_info
     if info is None or model not in (info.name, gate.model_name):
         raise ModelNotFound(f"this server publishes the tokenizer of its own model only, not {model[:100]!r}")

@@ -117,6 +117,13 @@ class Metrics:
         self.statuses = Counter(
             "appliance_requests", "Requests by terminal status.", ["status"], registry=self.registry
         )
+        self.refusals = Counter(
+            "appliance_http_refusals",
+            "HTTP answers of 4xx and 5xx by status and error code (an unknown route: not_found; a missing or wrong "
+            "key: missing_api_key, invalid_api_key), whether or not they reached a route.",
+            ["status", "code"],
+            registry=self.registry,
+        )
         self.db_errors = Counter(
             "appliance_db_errors", "Database errors by operation: admission (the request was refused 503), "
             "history_write (kept and retried), history_dropped (lost).", ["operation"], registry=self.registry,
@@ -177,6 +184,9 @@ class Metrics:
         """Queue waits of the requests that ended since the last call (the sampler's window)."""
         waits, self._window_queue_waits = self._window_queue_waits, []
         return waits
+
+    def observe_refusal(self, status: int, code: str) -> None:
+        self.refusals.labels(str(status), code or "none").inc()
 
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(reason).inc()

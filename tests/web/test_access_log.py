@@ -1,0 +1,85 @@
+"""What the operator sees of every request without a proxy: one access-log line each (never the key), every
+refusal counted in /metrics by its code (unknown routes and auth failures included), HEAD on GET routes, and
+`x-should-retry: false` on the 4xx a retry cannot fix."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from tests.web.conftest import METRICS_TOKEN, MODEL, bearer, new_key
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "web.access"]
+
+
+async def test_each_request_is_one_line_with_the_key_name_and_never_the_key(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = await new_key(client, name="alice")
+    with caplog.at_level(logging.INFO, logger="web.access"):
+        ok = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        lost = await client.get("/v1/no-such-route", headers=bearer(key))
+        wrong = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-wrong"))
+    assert ok.status_code == 200 and lost.status_code == 404 and wrong.status_code == 401
+    lines = access_lines(caplog)
+    assert len(lines) == 3, lines
+    assert '"POST /v1/chat/completions" 200 alice' in lines[0]
+    assert '"GET /v1/no-such-route" 404' in lines[1] and lines[1].endswith(" not_found")
+    assert '"POST /v1/chat/completions" 401 -' in lines[2] and lines[2].endswith(" invalid_api_key")
+    assert not any(key in line or "sk-wrong" in line for line in lines)
+
+
+async def test_refusals_are_counted_by_code(client: Any) -> None:
+    await client.get("/v1/no-such-route")
+    await client.post("/v1/chat/completions", json=CHAT)
+    await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-wrong"))
+    await client.post("/v1/messages", json={}, headers={"x-api-key": "sk-wrong"})
+    metrics = (await client.get("/metrics", headers=bearer(METRICS_TOKEN))).text
+    for status, code in [
+        ("404", "not_found"),
+        ("401", "missing_api_key"),
+        ("401", "invalid_api_key"),
+        ("401", "authentication_error"),
+    ]:
+        line = f'appliance_http_refusals_total{{code="{code}",status="{status}"}}'
+        assert any(x.startswith(line) and float(x.rsplit(" ", 1)[1]) >= 1 for x in metrics.splitlines()), code
+
+
+async def test_head_answers_every_get_route_without_a_body(client: Any) -> None:
+    key = await new_key(client)
+    for path, headers in [("/health", {}), ("/", {}), ("/v1/models", bearer(key))]:
+        get = await client.get(path, headers=headers)
+        head = await client.head(path, headers=headers)
+        assert head.status_code == get.status_code == 200, path
+        assert head.content == b"" and head.headers.get("content-type") == get.headers.get("content-type")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status"),
+    [
+        ("POST", "/v1/chat/completions", CHAT, {"Authorization": "Bearer sk-wrong"}, 401),
+        ("POST", "/v1/messages", {"max_tokens": 1}, {"x-api-key": "sk-wrong"}, 401),
+        ("GET", "/v1/nothing-here", None, {}, 404),
+        ("DELETE", "/v1/models", None, {}, 405),
+    ],
+)
+async def test_final_refusals_say_do_not_retry(
+    client: Any, method: str, path: str, body: Any, headers: dict[str, str], status: int
+) -> None:
+    response = await client.request(method, path, json=body, headers=headers)
+    assert response.status_code == status
+    assert response.headers["x-should-retry"] == "false"
+
+
+async def test_a_bad_body_says_do_not_retry_but_an_overload_does_not(client: Any) -> None:
+    key = await new_key(client)
+    bad = await client.post("/v1/chat/completions", json={"model": MODEL}, headers=bearer(key))
+    assert bad.status_code == 400 and bad.headers["x-should-retry"] == "false"
+    ready = await client.get("/ready")
+    assert "x-should-retry" not in ready.headers
