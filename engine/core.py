@@ -21,6 +21,7 @@ from engine.cpu_forward import cpu_forward
 from engine.decode_kernel import attention_kernel
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, InvalidRequestError
+from engine.fidelity import check_fidelity
 from engine.guided import GrammarCache, refusal
 from engine.guided_batch import GuidedBatch
 from engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
@@ -36,6 +37,7 @@ from engine.messages import (
     Usage,
 )
 from engine.request import Request, RequestStatus
+from engine.rope import install_request_rope
 from engine.runner import ModelRunner
 from engine.sampler import TopLogprobs
 from engine.sampling_params import SamplingParams
@@ -65,13 +67,20 @@ class EngineCore:
             torch.set_num_threads(config.effective_cpu_threads)
             keep_freed_memory()  # after the load, whose buffers are freed for good
         self.tokenizer = self.loaded.tokenizer
+        self.features = check_fidelity(self.loaded.model)
+        log.info("model features: %s", self.features.describe())
+        self.rope = install_request_rope(self.loaded.model, self.features.rope_types)
         self.forward = (
-            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype) if config.own_forward else None
+            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype, self.features)
+            if config.own_forward
+            else None
         )
         if progress:
             progress("sizing the KV cache")
         self.kv = self._allocate_kv()
-        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching)
+        # A longrope token's keys depend on its request's prompt length, which a shared prefix does not carry.
+        caching = config.enable_prefix_caching and self.rope is None
+        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, caching)
         limits = SchedulerLimits(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -94,7 +103,9 @@ class EngineCore:
             text.num_attention_heads,
             self.loaded.num_kv_heads,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward)
+        self.runner = ModelRunner(
+            self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward, self.rope
+        )
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)
@@ -140,7 +151,7 @@ class EngineCore:
 
     def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
         num_tokens = min(num_tokens, kv.num_blocks * kv.block_size)
-        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward)
+        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward, rope=self.rope)
         blocks = BlockManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False)
         warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
         blocks.allocate_slots(warm.request_id, num_tokens)

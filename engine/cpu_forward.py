@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, attend
+from engine.fidelity import ModelFeatures
 from engine.kernel_build import KernelBuildError, LayerOps, build_layer_ops
 from engine.packed_linear import PackedLinear
 
@@ -124,9 +125,16 @@ class CpuForward:
         return self.lm_head(x.index_select(0, rows))
 
 
-def cpu_forward(model: Any, device: torch.device, dtype: torch.dtype) -> CpuForward | None:
-    """The engine's forward for this model, or None where transformers' stays (the log says why)."""
+def cpu_forward(
+    model: Any, device: torch.device, dtype: torch.dtype, features: ModelFeatures | None = None
+) -> CpuForward | None:
+    """The engine's forward for this model, or None where transformers' stays (the log says why). features: what
+    engine.fidelity found; the engine's own forward computes only full causal attention with rope fixed at load."""
     why = _unsupported(model, device, dtype)
+    if why is None and features is not None and not features.plain:
+        why = (
+            f"the engine's own computes full causal attention with fixed rope, and this model has {features.describe()}"
+        )
     if why is None:
         try:
             return CpuForward(model, build_layer_ops())

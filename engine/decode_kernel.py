@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.attention_features import PLAIN, LayerFeatures
 from engine.kernel_build import KernelBuildError, build_kernel
 
 __all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "attention_kernel"]
@@ -91,14 +92,20 @@ class AttentionKernel:
         rows: AttentionRows,
         scale: float,
         out: torch.Tensor,
+        features: LayerFeatures = PLAIN,
     ) -> None:
         """q [T, H, D] (D contiguous), caches [KVH, slots, D] contiguous, out [T, H, D] contiguous, all of the
-        kernel's dtype: writes out[rows.rows] and nothing else."""
+        kernel's dtype: writes out[rows.rows] and nothing else. features: the layer's window, soft-cap, sinks."""
         if q.stride(-1) != 1 or q.dtype != self.dtype:
             q = q.to(self.dtype).contiguous()
         if out.dtype != self.dtype or not out.is_contiguous():
             raise ValueError("the kernel writes a contiguous output of its own dtype")
         kv_heads, num_slots, _ = k_cache.shape
+        sinks = None
+        if features.sinks is not None:
+            sinks = features.sinks.detach().to(torch.float32).contiguous()
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(f"{tuple(sinks.shape)} sinks for {q.shape[1]} query heads")
         failed = self.function(
             q.data_ptr(),
             q.stride(0),
@@ -116,6 +123,9 @@ class AttentionKernel:
             rows.block_size,
             scale,
             rows.max_len,
+            features.window or 0,
+            features.softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(),
             out.data_ptr(),
             out.stride(0),
             torch.get_num_threads(),
