@@ -45,6 +45,7 @@ from engine.messages import (
     StepOutputs,
     ToCore,
 )
+from engine.prompts import prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.tenant import Tenant
 
@@ -229,7 +230,8 @@ class AsyncEngineClient:
     # -- requests --------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """A text prompt's ids as the served API makes them (its BOS included)."""
+        return prompt_ids(self.tokenizer, text)
 
     def generate(
         self,
