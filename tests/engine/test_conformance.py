@@ -238,3 +238,44 @@ def test_float32_greedy_equals_transformers(name: str, attention: str, monkeypat
 def test_a_family_with_a_feature_the_engine_lacks_is_refused(name: str) -> None:
     with pytest.raises(ModelLoadError, match=REFUSED[name][2]):
         engine(name, torch.float32)
+
+
+def argmaxes(model: Any, sequence: list[int], first: int, attention: str) -> list[int]:
+    """transformers' greedy choice after each prefix sequence[:p], p from first on, in one forward."""
+    saved = model.config._attn_implementation
+    model.config._attn_implementation = attention
+    try:
+        with torch.inference_mode():
+            logits = model(torch.tensor([sequence])).logits[0, first - 1 : -1]
+    finally:
+        model.config._attn_implementation = saved
+    return logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_bfloat16_teacher_forced_agrees_with_transformers(name: str) -> None:
+    """At each position of transformers' float32 continuations, the engine's bf16 argmax given the same prefix
+    agrees with transformers' bf16 eager one at least as often as transformers' own two ways of computing it
+    (eager and SDPA where SDPA computes the model; else bf16 and float32 eager) agree with each other."""
+    batch, want, _ = reference(name)
+    sequences = [(p, p + w) for p, w in zip(batch, want, strict=True) if len(p) in (44, 80)]
+    model = loaded(name, torch.bfloat16, "eager").model
+    plain = all(f.plain for f in float32_engine(name).features.layers)
+    other = "sdpa" if plain and model._supports_sdpa else "eager"
+    other_model = model if other == "sdpa" else loaded(name, torch.float32, "eager").model
+    core = engine(name, torch.bfloat16)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=0)
+    requests = [(f"tf-{i}-{p}", seq[:p], params) for i, (prompt, seq) in enumerate(sequences)
+                for p in range(len(prompt), len(seq))]  # fmt: skip
+    got = generate(core, requests)
+    engine_choices = [got[rid][0].token_id for rid, _, _ in requests]
+    hf, floor = [], []
+    for prompt, seq in sequences:
+        hf += argmaxes(model, seq, len(prompt), "eager")
+        floor += argmaxes(other_model, seq, len(prompt), other)
+    engine_agree = sum(a == b for a, b in zip(engine_choices, hf, strict=True))
+    floor_agree = sum(a == b for a, b in zip(floor, hf, strict=True))
+    print(
+        f"{name}: bf16 teacher-forced {engine_agree}/{len(hf)}, transformers eager vs {other} {floor_agree}/{len(hf)}"
+    )
+    assert engine_agree >= floor_agree - 1, f"{name}: {engine_agree}/{len(hf)} against a floor of {floor_agree}"
