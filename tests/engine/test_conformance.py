@@ -50,6 +50,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "qwen2": ("qwen2", {}),
+    # The engine's own forward serves Qwen2 but not its windows: this one must fall back to transformers'.
+    "qwen2-sliding": ("qwen2", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
     "qwen3": ("qwen3", {}),
     "qwen3_moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
     "phi3": ("phi3", {}),
@@ -72,7 +74,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 # Families whose attention has a feature the kernel computes differently from the plain case: run both paths.
-FEATURED = ("phi3-longrope", "mistral-sliding", "gemma2", "gemma2-softcap", "gemma3_text", "gpt_oss")
+FEATURED = ("phi3-longrope", "qwen2-sliding", "mistral-sliding", "gemma2", "gemma2-softcap", "gemma3_text", "gpt_oss")
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "llama-dynamic-rope": (
         "llama",
@@ -210,6 +212,10 @@ CASES = [(name, "compiled") for name in FAMILIES] + [(name, "torch") for name in
 def test_float32_greedy_equals_transformers(name: str, attention: str, monkeypatch: pytest.MonkeyPatch) -> None:
     core = float32_engine(name)
     assert core.runner.decode_kernel is not None, "the compiled kernel was meant to build here (needs cc)"
+    if name in ("llama", "qwen2"):
+        assert core.forward is not None, "the engine's own forward was meant to serve this family"
+    elif name == "qwen2-sliding":
+        assert core.forward is None, "the engine's own forward has no sliding window"
     if attention == "torch":
         monkeypatch.setattr(core.runner, "decode_kernel", None)
     batch, want, want_logprobs = reference(name)
