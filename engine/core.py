@@ -81,6 +81,9 @@ class EngineCore:
         # A longrope token's keys depend on its request's prompt length, which a shared prefix does not carry.
         caching = config.enable_prefix_caching and self.rope is None
         self.blocks = BlockManager(self.kv.num_blocks, config.block_size, caching)
+        # Where every layer slides, blocks behind the widest window are given back as requests advance (not with
+        # longrope, whose recompute rewrites a request's whole context).
+        self.reclaim_window = self.features.widest_window if self.rope is None else None
         limits = SchedulerLimits(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -156,6 +159,7 @@ class EngineCore:
         warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
         blocks.allocate_slots(warm.request_id, num_tokens)
         runner.execute([ScheduledRequest(warm, num_tokens)], {warm.request_id: blocks.block_table("warm-up")})
+        runner.release(warm.request_id)
 
     def warm_up(self) -> None:
         """One full-budget forward through the real pool, so the first user request does not pay for it."""
@@ -245,6 +249,11 @@ class EngineCore:
         tables = {s.request.request_id: self.blocks.block_table(s.request.request_id) for s in out.scheduled}
         result = self.runner.execute(out.scheduled, tables)
         advanced = self.scheduler.update(out, result.sampled)
+        if self.reclaim_window is not None:
+            for s in out.scheduled:
+                # The next query, at num_computed_tokens, sees keys from num_computed_tokens - window + 1 on.
+                start = s.request.num_computed_tokens - self.reclaim_window + 1
+                self.blocks.release_before(s.request.request_id, start)
         self.tracker.steps_total += 1
         outputs = []
         for req in advanced:

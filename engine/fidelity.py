@@ -64,6 +64,12 @@ class ModelFeatures:
         """Full causal attention everywhere and rope fixed at load: what the engine's own forward computes."""
         return all(f.plain for f in self.layers) and self.rope_types <= {"default", "linear", "llama3"}
 
+    @property
+    def widest_window(self) -> int | None:
+        """The reach of the widest sliding window where every layer has one; None where a layer attends fully."""
+        windows = [f.window for f in self.layers]
+        return max(w for w in windows if w is not None) if windows and None not in windows else None
+
     def describe(self) -> str:
         windows = sorted({f.window for f in self.layers if f.window is not None})
         parts = (
