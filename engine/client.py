@@ -46,6 +46,7 @@ from engine.messages import (
     StepOutputs,
     ToCore,
 )
+from engine.sample.prompts import prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.sched.tenant import Tenant
 
@@ -230,7 +231,8 @@ class AsyncEngineClient:
     # -- requests --------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """A text prompt's ids as the served API makes them (its BOS included)."""
+        return prompt_ids(self.tokenizer, text)
 
     def generate(
         self,

@@ -28,9 +28,11 @@ from engine.messages import (
     Usage,
 )
 from engine.model.attention import ATTENTION_NAME
+from engine.model.fidelity import check_fidelity
 from engine.model.forward import cpu_forward
 from engine.model.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
 from engine.model.loader import LoadedModel, load_model
+from engine.model.rope import install_request_rope
 from engine.model.runner import ModelRunner
 from engine.sample.detokenizer import IncrementalDetokenizer
 from engine.sample.guided import GrammarCache, refusal
@@ -65,13 +67,23 @@ class EngineCore:
             torch.set_num_threads(config.effective_cpu_threads)
             keep_freed_memory()  # after the load, whose buffers are freed for good
         self.tokenizer = self.loaded.tokenizer
+        self.features = check_fidelity(self.loaded.model)
+        log.info("model features: %s", self.features.describe())
+        self.rope = install_request_rope(self.loaded.model, self.features.rope_types)
         self.forward = (
-            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype) if config.own_forward else None
+            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype, self.features)
+            if config.own_forward
+            else None
         )
         if progress:
             progress("sizing the KV cache")
         self.kv = self._allocate_kv()
-        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching)
+        # A longrope token's keys depend on its request's prompt length, which a shared prefix does not carry.
+        caching = config.enable_prefix_caching and self.rope is None
+        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, caching)
+        # Where every layer slides, blocks behind the widest window are given back as requests advance (not with
+        # longrope, whose recompute rewrites a request's whole context).
+        self.reclaim_window = self.features.widest_window if self.rope is None else None
         limits = SchedulerLimits(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -94,7 +106,9 @@ class EngineCore:
             text.num_attention_heads,
             self.loaded.num_kv_heads,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward)
+        self.runner = ModelRunner(
+            self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward, self.rope
+        )
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)
@@ -140,11 +154,12 @@ class EngineCore:
 
     def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
         num_tokens = min(num_tokens, kv.num_blocks * kv.block_size)
-        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward)
+        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward, rope=self.rope)
         blocks = BlockManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False)
         warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
         blocks.allocate_slots(warm.request_id, num_tokens)
         runner.execute([ScheduledRequest(warm, num_tokens)], {warm.request_id: blocks.block_table("warm-up")})
+        runner.release(warm.request_id)
 
     def warm_up(self) -> None:
         """One full-budget forward through the real pool, so the first user request does not pay for it."""
@@ -234,6 +249,11 @@ class EngineCore:
         tables = {s.request.request_id: self.blocks.block_table(s.request.request_id) for s in out.scheduled}
         result = self.runner.execute(out.scheduled, tables)
         advanced = self.scheduler.update(out, result.sampled)
+        if self.reclaim_window is not None:
+            for s in out.scheduled:
+                # The next query, at num_computed_tokens, sees keys from num_computed_tokens - window + 1 on.
+                start = s.request.num_computed_tokens - self.reclaim_window + 1
+                self.blocks.release_before(s.request.request_id, start)
         self.tracker.steps_total += 1
         outputs = []
         for req in advanced:

@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import InvalidRequestError
 from engine.messages import Logprob, RequestOutput, Timings, Usage
+from engine.sample.prompts import chat_ids, prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.sched.tenant import Tenant
 
@@ -34,14 +35,14 @@ class LLM:
         self._next_id = 0
 
     def encode(self, prompt: Prompt) -> list[int]:
+        """A text prompt's ids as the served API makes them (its BOS included); token ids as given."""
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+            return prompt_ids(self.tokenizer, prompt)
         return list(prompt)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a conversation rendered through the model's chat template, ready for the reply."""
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+        return chat_ids(self.tokenizer, messages)
 
     def generate(
         self,

@@ -15,12 +15,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from engine.cpu.kernel_build import KernelBuildError, build_kernel
 
-__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "RowsBuilder", "attention_kernel"]
+
+class KernelFeatures(Protocol):
+    """What the kernel computes beyond plain causal attention (engine.model.attention_features.LayerFeatures has
+    it): a sliding window, logit soft-capping, attention sinks (one fp32 logit per query head)."""
+
+    @property
+    def window(self) -> int | None: ...
+
+    @property
+    def softcap(self) -> float | None: ...
+
+    @property
+    def sinks(self) -> torch.Tensor | None: ...
+
+
+__all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "KernelFeatures", "RowsBuilder", "attention_kernel"]
 
 log = logging.getLogger("engine.cpu.decode_kernel")
 
@@ -91,14 +107,21 @@ class AttentionKernel:
         rows: AttentionRows,
         scale: float,
         out: torch.Tensor,
+        features: KernelFeatures | None = None,
     ) -> None:
         """q [T, H, D] (D contiguous), caches [KVH, slots, D] contiguous, out [T, H, D] contiguous, all of the
-        kernel's dtype: writes out[rows.rows] and nothing else."""
+        kernel's dtype: writes out[rows.rows] and nothing else. features: the layer's window, soft-cap, sinks."""
         if q.stride(-1) != 1 or q.dtype != self.dtype:
             q = q.to(self.dtype).contiguous()
         if out.dtype != self.dtype or not out.is_contiguous():
             raise ValueError("the kernel writes a contiguous output of its own dtype")
         kv_heads, num_slots, _ = k_cache.shape
+        sinks = None
+        window, softcap = (None, None) if features is None else (features.window, features.softcap)
+        if features is not None and features.sinks is not None:
+            sinks = features.sinks.detach().to(torch.float32).contiguous()
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(f"{tuple(sinks.shape)} sinks for {q.shape[1]} query heads")
         failed = self.function(
             q.data_ptr(),
             q.stride(0),
@@ -116,6 +139,9 @@ class AttentionKernel:
             rows.block_size,
             scale,
             rows.max_len,
+            window or 0,
+            softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(),
             out.data_ptr(),
             out.stride(0),
             torch.get_num_threads(),

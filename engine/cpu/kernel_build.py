@@ -68,6 +68,7 @@ ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_float | ctypes.c
     *(_P, _I),  # tables, max_blocks
     *(_P, _P, _P, _I),  # rows, table_of, lens, num_rows
     *(_I, _I, ctypes.c_float, _I),  # kv_heads, block_size, scale, max_len
+    *(_I, ctypes.c_float, _P),  # the layer's window, softcap, sinks (engine.model.attention_features)
     *(_P, _I, ctypes.c_int),  # out, its token stride, threads
 ]
 # packed_linear's parameters, in order (see its source).

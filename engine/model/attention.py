@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from engine.cpu.decode_kernel import AttentionKernel, AttentionRows
+from engine.model.attention_features import PLAIN, LayerFeatures, causal_mask, prefill_attention, scores_to_probs
 
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
@@ -31,7 +31,19 @@ class PrefillSeq:
     start: int
     num_tokens: int
     context_slots: torch.Tensor | None  # pool slots of the whole context; None when nothing was computed before
-    mask: torch.Tensor | None  # [num_tokens, context_len] causal mask with offset; None with context_slots
+    computed: int  # tokens of its context computed before this step
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """[num_tokens, context] bool, causal (with the offset of what was computed) within the window; None
+        for a plain causal prefill of its own tokens, which SDPA masks itself. Built once per window and step."""
+        if window not in self._masks:
+            plain = self.context_slots is None and window is None
+            context = self.computed + self.num_tokens
+            self._masks[window] = (
+                None if plain else causal_mask(self.computed, self.num_tokens, context, window, device)
+            )
+        return self._masks[window]
 
 
 @dataclass(slots=True)
@@ -43,6 +55,18 @@ class DecodeGroup:
     stop: int
     blocks: torch.Tensor  # [(stop - start) * max_blocks] block ids, each row padded (with block 0)
     bias: torch.Tensor  # [1, stop - start, 1, max_blocks * block_size] fp32: 0 or -inf (padding, beyond the context)
+    lens: torch.Tensor  # [stop - start] context lengths
+    _window_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def bias_for(self, window: int | None) -> torch.Tensor:
+        """The bias that also hides keys before a sliding window's reach; built once per window and step."""
+        if window is None:
+            return self.bias
+        if window not in self._window_bias:
+            positions = torch.arange(self.bias.shape[-1], device=self.bias.device)
+            before = positions.unsqueeze(0) < (self.lens - window).unsqueeze(1)
+            self._window_bias[window] = self.bias.masked_fill(before.view(self.bias.shape), float("-inf"))
+        return self._window_bias[window]
 
     @classmethod
     def build(
@@ -61,11 +85,12 @@ class DecodeGroup:
             flat.extend(table)
             flat.extend([0] * (max_blocks - len(table)))  # padding reads block 0; the bias hides it
         positions = torch.arange(max_blocks * block_size, device=device)
-        beyond = positions.unsqueeze(0) >= torch.tensor(list(context_lens), device=device).unsqueeze(1)
+        lens = torch.tensor(list(context_lens), device=device)
+        beyond = positions.unsqueeze(0) >= lens.unsqueeze(1)
         bias = torch.zeros(beyond.shape, dtype=torch.float32, device=device).masked_fill_(beyond, float("-inf"))
         rows = len(tables)
         blocks = torch.tensor(flat, dtype=torch.long, device=device)
-        return cls(start, start + rows, blocks, bias.view(1, rows, 1, -1))
+        return cls(start, start + rows, blocks, bias.view(1, rows, 1, -1), lens)
 
 
 @dataclass(slots=True)
@@ -96,7 +121,8 @@ def paged_attention(
     scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """query [1, H, T, D], key/value [1, KVH, T, D] (RoPE applied) -> output [1, T, H, D]."""
+    """query [1, H, T, D], key/value [1, KVH, T, D] (RoPE applied) -> output [1, T, H, D]. The layer's sliding
+    window, soft-cap and sinks come as transformers passes them (engine.model.attention_features)."""
     meta = kwargs.get("paged")
     if not isinstance(meta, AttentionMetadata):
         raise RuntimeError("paged attention needs the step's AttentionMetadata passed as paged=")
@@ -104,7 +130,8 @@ def paged_attention(
     k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
     k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
     v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
-    return attend(meta, layer, query[0], key[0], value[0], scaling).unsqueeze(0), None
+    features = LayerFeatures.from_kwargs(kwargs)
+    return attend(meta, layer, query[0], key[0], value[0], scaling, features).unsqueeze(0), None
 
 
 def attend(
@@ -114,26 +141,27 @@ def attend(
     key: torch.Tensor,
     value: torch.Tensor,
     scaling: float | None,
+    features: LayerFeatures = PLAIN,
 ) -> torch.Tensor:
     """One layer's attention for the step, once its keys and values are in the pool: q [H, T, D], this step's own
     key/value [KVH, T, D] (any strides, D contiguous) -> [T, H, D]."""
     k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     if meta.kernel is not None and meta.kernel_rows is not None:
-        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out)
+        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features)
     for g in meta.decode_groups:
-        out[g.start : g.stop] = _decode_attention(q[:, g.start : g.stop], k_cache, v_cache, g, meta.block_size, scaling)
+        qg = q[:, g.start : g.stop]
+        out[g.start : g.stop] = _decode_attention(qg, k_cache, v_cache, g, meta.block_size, scale, features)
     for p in meta.prefills:
         qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
         if p.context_slots is None:
             kp = key[:, p.start : p.start + p.num_tokens].unsqueeze(0)
             vp = value[:, p.start : p.start + p.num_tokens].unsqueeze(0)
-            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=True)
         else:
             kp = k_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
             vp = v_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
-            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, scale=scaling, enable_gqa=True)
+        op = prefill_attention(qp, kp, vp, p.mask(features.window, q.device), scale, features)
         out[p.start : p.start + p.num_tokens] = op[0].transpose(0, 1)
     return out
 
@@ -173,6 +201,7 @@ def _decode_attention(
     group: DecodeGroup,
     block_size: int,
     scaling: float | None,
+    features: LayerFeatures = PLAIN,
 ) -> torch.Tensor:
     """q [H, B, D], one query per request of the group -> [B, H, D].
 
@@ -189,8 +218,13 @@ def _decode_attention(
     # Query head h reads KV head h // group, as SDPA's enable_gqa does.
     qg = q.view(kv_heads, heads // kv_heads, batch, head_dim).transpose(1, 2).to(k.dtype)
     scale = scaling if scaling is not None else head_dim**-0.5
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale + group.bias
-    probs = scores.softmax(dim=-1).to(v.dtype)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
+    if features.plain:
+        probs = (scores + group.bias).softmax(dim=-1).to(v.dtype)
+    else:
+        group_size = heads // kv_heads
+        sinks = features.sinks.view(kv_heads, 1, group_size, 1) if features.sinks is not None else None
+        probs = scores_to_probs(scores, features.softcap, sinks, group.bias_for(features.window)).to(v.dtype)
     out = torch.matmul(probs, v)  # [KVH, B, group, D]
     return out.permute(1, 0, 2, 3).reshape(batch, heads, head_dim).to(q.dtype)
 

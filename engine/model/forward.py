@@ -26,6 +26,7 @@ from torch import nn
 from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
 from engine.cpu.packed_linear import PackedLinear
 from engine.model.attention import AttentionMetadata, attend
+from engine.model.fidelity import ModelFeatures
 
 __all__ = ["ARCHITECTURES", "CpuForward", "cpu_forward"]
 
@@ -124,9 +125,17 @@ class CpuForward:
         return self.lm_head(x.index_select(0, rows))
 
 
-def cpu_forward(model: Any, device: torch.device, dtype: torch.dtype) -> CpuForward | None:
-    """The engine's forward for this model, or None where transformers' stays (the log says why)."""
+def cpu_forward(
+    model: Any, device: torch.device, dtype: torch.dtype, features: ModelFeatures | None = None
+) -> CpuForward | None:
+    """The engine's forward for this model, or None where transformers' stays (the log says why). features: what
+    engine.model.fidelity found; the engine's own forward computes only full causal attention with rope fixed at
+    load."""
     why = _unsupported(model, device, dtype)
+    if why is None and features is not None and not features.plain:
+        why = (
+            f"the engine's own computes full causal attention with fixed rope, and this model has {features.describe()}"
+        )
     if why is None:
         try:
             return CpuForward(model, build_layer_ops())

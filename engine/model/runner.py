@@ -22,6 +22,7 @@ from engine.model.attention import (
 )
 from engine.model.forward import CpuForward
 from engine.model.kv_cache import KVCache
+from engine.model.rope import RequestRope
 from engine.sample.guided_batch import GuidedBatch
 from engine.sample.sampler import SampleResult, TopLogprobs, sample
 from engine.sched.scheduler import ScheduledRequest
@@ -44,11 +45,13 @@ class ModelRunner:
         guided: GuidedBatch | None = None,
         decode_kernel: AttentionKernel | None = None,
         forward: CpuForward | None = None,
+        rope: RequestRope | None = None,
     ) -> None:
         """guided: the constrained requests' matchers; None where no request can be constrained (warm-up).
         decode_kernel: attention compiled for this CPU, for decodes and prefills continuing a context; None:
         torch's (decodes in groups of like lengths, SDPA for prefills). forward: the engine's own forward
-        (engine.model.forward) in place of the model's; None: the model's."""
+        (engine.model.forward) in place of the model's; None: the model's. rope: the model's longrope, chosen per
+        request (engine.model.rope); None for any other rope."""
         self.model = model
         self.kv = kv_cache
         self.device = device
@@ -58,32 +61,38 @@ class ModelRunner:
         self.group_cost = GROUP_COST_BLOCKS  # decode attention's grouping (engine.model.attention.plan_decode_groups)
         self.decode_kernel = decode_kernel
         self.forward = forward
+        self.rope = rope
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
         self._generators.pop(request_id, None)
+        if self.rope is not None:
+            self.rope.release(request_id)
         if self.guided is not None:
             self.guided.release(request_id)
 
     @torch.inference_mode()
     def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]) -> StepResult:
+        starts = {s.request.request_id: self._first_position(s) for s in scheduled}
         # Longest context first: decode attention gathers groups of like lengths (engine.model.attention).
-        decodes = sorted((s for s in scheduled if s.num_new_tokens == 1), key=_context_len, reverse=True)
-        prefills = [s for s in scheduled if s.num_new_tokens > 1]
+        decodes = sorted((s for s in scheduled if _span(s, starts) == 1), key=_context_len, reverse=True)
+        prefills = [s for s in scheduled if _span(s, starts) > 1]
         ordered = decodes + prefills
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
+        lengths: list[int] = []
         bs = self.block_size
         for s in ordered:
             req = s.request
-            start = req.num_computed_tokens
-            stop = start + s.num_new_tokens
+            start = starts[req.request_id]
+            stop = req.num_computed_tokens + s.num_new_tokens
             table = block_tables[req.request_id]
             input_ids.extend(req.token_slice(start, stop))
             positions.extend(range(start, stop))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, stop))
+            lengths.extend([req.num_tokens] * (stop - start))
             if s.samples:
                 sample_rows.append(len(input_ids) - 1)
         meta = AttentionMetadata(
@@ -94,9 +103,11 @@ class ModelRunner:
         )
         rows = RowsBuilder(bs) if self.decode_kernel is not None else None
         self._decode_metadata(meta, decodes, block_tables, rows)
-        self._prefill_metadata(meta, prefills, block_tables, len(decodes), rows)
+        self._prefill_metadata(meta, prefills, starts, block_tables, len(decodes), rows)
         if rows is not None:
             meta.kernel, meta.kernel_rows = self.decode_kernel, rows.build()
+        if self.rope is not None:
+            self.rope.select(lengths, self.device)
         sampling = [s for s in ordered if s.samples]
         if self.guided is not None and self.guided.active:
             self.guided.prepare([s.request.request_id for s in sampling])
@@ -142,6 +153,13 @@ class ModelRunner:
             self._generators[s.request.request_id] = gen
         return gen
 
+    def _first_position(self, s: ScheduledRequest) -> int:
+        """The step's first position for the request: what it computed before, unless longrope recomputes it."""
+        req = s.request
+        if self.rope is None:
+            return req.num_computed_tokens
+        return self.rope.first_position(req.request_id, req.num_computed_tokens, req.num_tokens)
+
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
@@ -171,6 +189,7 @@ class ModelRunner:
         self,
         meta: AttentionMetadata,
         prefills: list[ScheduledRequest],
+        starts: dict[str, int],
         block_tables: dict[str, list[int]],
         start: int,
         rows: RowsBuilder | None,
@@ -179,22 +198,24 @@ class ModelRunner:
         prefix-cache hit, a later chunk) is the kernel's rows where it attends, else SDPA with a causal mask."""
         bs = self.block_size
         for s in prefills:
-            computed = s.request.num_computed_tokens
-            n = s.num_new_tokens
-            context = computed + n
+            computed = starts[s.request.request_id]
+            context = s.request.num_computed_tokens + s.num_new_tokens
+            n = context - computed
             table = block_tables[s.request.request_id][: (context + bs - 1) // bs]
             if computed == 0:
-                meta.prefills.append(PrefillSeq(start, n, None, None))
+                meta.prefills.append(PrefillSeq(start, n, None, 0))
             elif rows is not None:
                 rows.add(table, start, n, computed + 1)
             else:
                 offsets = torch.arange(bs, device=self.device)
                 context_slots = (self._tensor(table).unsqueeze(-1) * bs + offsets).view(-1)[:context]
-                keys = torch.arange(context, device=self.device)
-                queries = torch.arange(computed, context, device=self.device)
-                mask = keys.unsqueeze(0) <= queries.unsqueeze(1)
-                meta.prefills.append(PrefillSeq(start, n, context_slots, mask))
+                meta.prefills.append(PrefillSeq(start, n, context_slots, computed))
             start += n
+
+
+def _span(s: ScheduledRequest, starts: dict[str, int]) -> int:
+    """Tokens the request computes this step."""
+    return s.request.num_computed_tokens + s.num_new_tokens - starts[s.request.request_id]
 
 
 def _context_len(s: ScheduledRequest) -> int:

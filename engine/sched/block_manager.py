@@ -32,6 +32,7 @@ class _RequestState:
     last_key: int | None = None  # chain key of the last handled block
     last_serial: int | None = None  # chain identity of the last handled block's content
     promised: list[int] = field(default_factory=list)  # keys of the full blocks it announced (promise)
+    num_released: int = 0  # leading blocks given back early (release_before); their entries are never read
 
 
 class BlockManager:
@@ -54,6 +55,7 @@ class BlockManager:
         self._promised: dict[int, str] = {}
         self._requests: dict[str, _RequestState] = {}
         self._serials = itertools.count()
+        self.num_released_blocks = 0  # blocks given back before their request ended (release_before)
 
     @property
     def num_free_blocks(self) -> int:
@@ -220,15 +222,33 @@ class BlockManager:
         for key in state.promised:
             if self._promised.get(key) == request_id:
                 del self._promised[key]
-        for block_id in reversed(state.table):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} released more often than taken"
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.key is None:
-                    # Nothing to reuse in it, so hand it out before any cached block.
-                    self._free.move_to_end(block_id, last=False)
+        for block_id in reversed(state.table[state.num_released :]):
+            self._release(block_id)
+
+    def release_before(self, request_id: str, num_tokens: int) -> None:
+        """Give back the request's leading blocks that lie wholly before token num_tokens, beyond every layer's
+        sliding window: their table entries stay (the table's length still counts the request's tokens) and are
+        never read unmasked again. With prefix caching, only blocks already registered go, so they stay hits."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return
+        stop = min(num_tokens // self.block_size, len(state.table))
+        if self.enable_prefix_caching:
+            stop = min(stop, state.num_cached)
+        for i in range(state.num_released, stop):
+            self._release(state.table[i])
+            self.num_released_blocks += 1
+        state.num_released = max(state.num_released, stop)
+
+    def _release(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} released more often than taken"
+        if block.ref_count == 0:
+            self._free[block_id] = None
+            if block.key is None:
+                # Nothing to reuse in it, so hand it out before any cached block.
+                self._free.move_to_end(block_id, last=False)
 
     def _check_prefix_chain(self, block_ids: Sequence[int]) -> None:
         parent_serial: int | None = None

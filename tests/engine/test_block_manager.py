@@ -379,3 +379,26 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 BlockManagerMachine.TestCase.settings = settings(max_examples=200, deadline=None, stateful_step_count=40)
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_blocks_behind_a_window_are_given_back_once_and_the_rest_at_the_end(caching: bool) -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=caching)
+    tokens = list(range(20))
+    assert bm.allocate_slots("a", 20)
+    bm.cache_blocks("a", tokens, 20)
+    bm.release_before("a", 9)  # tokens 0..8: blocks 0 and 1 lie wholly before token 9
+    assert bm.num_free_blocks == 8 - 5 + 2 and bm.num_released_blocks == 2
+    bm.release_before("a", 6)  # behind what was already given back: nothing more
+    assert bm.num_free_blocks == 5 and bm.num_slots("a") == 20, "the table still counts every token"
+    assert bm.allocate_slots("a", 24)
+    bm.free("a")
+    assert bm.num_free_blocks == 8 and bm.num_used_blocks == 0
+
+
+def test_with_prefix_caching_only_registered_blocks_are_given_back() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    assert bm.allocate_slots("a", 16)
+    bm.cache_blocks("a", list(range(16)), 4)  # one full block computed and registered
+    bm.release_before("a", 12)
+    assert bm.num_released_blocks == 1, "blocks not yet in the prefix cache stay until they are"

@@ -7,11 +7,17 @@
  * block at a time with an online softmax in fp32, and the values summed with those weights. Nothing is
  * gathered, padded or masked.
  *
+ * A layer's features, as transformers passes them, are per-call arguments tested once per block or row, outside
+ * the inner loops: a sliding window (window > 0: the row's last `window` tokens, itself included), logit
+ * soft-capping (softcap > 0: score -> softcap * tanh(score / softcap)) and attention sinks (sinks != NULL: one
+ * fp32 logit per query head added to the softmax's denominator).
+ *
  * engine/cpu/kernel_build.py builds it with the host's compiler for one model's shape (-DHEAD_DIM, -DGROUP, and
  * -DELEM_BF16 for bf16, else float), so every inner loop has a constant trip count and vectorises whole
  * (-O3 -march=native, reassociation allowed); engine/cpu/decode_kernel.py calls it once per layer and step.
  * bf16 is the upper half of a float; results are rounded to nearest even on the way out.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -84,7 +90,8 @@ static inline void prefetch_block(const elem *rows, int64_t n) {
  * the block's scores, the running maximum and sum rescaled (online softmax), the block's values summed in, while
  * the next block's keys and values are fetched. */
 static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, const elem *v_head,
-                   const int32_t *table, int64_t len, int64_t block_size, float scale, float *scores, elem *out) {
+                   const int32_t *table, int64_t len, int64_t block_size, float scale, int64_t window, float softcap,
+                   const float *sinks, float *scores, elem *out) {
     float qf[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], row[HEAD_DIM], best[GROUP], total[GROUP];
     for (int g = 0; g < GROUP; ++g) {
         for (int d = 0; d < HEAD_DIM; ++d) qf[g][d] = load(q[g * q_stride_head + d]) * scale;
@@ -92,10 +99,13 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
         best[g] = -3.0e38f;
         total[g] = 0.0f;
     }
-    for (int64_t t = 0; t < len; t += block_size) {
+    /* A window starts mid-block: the first block read skips its first `lo` tokens. */
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    for (int64_t t = first - first % block_size; t < len; t += block_size) {
         const int64_t offset = (int64_t)table[t / block_size] * block_size * HEAD_DIM;
         const elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
+        const int64_t lo = t < first ? first - t : 0;
         for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
             const int64_t next = t + ahead * block_size;
             if (next >= len) break;
@@ -104,7 +114,7 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
             prefetch_block(k_head + at, m);
             prefetch_block(v_head + at, m);
         }
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t i = lo; i < n; ++i) {
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load(keys[i * HEAD_DIM + d]);
             for (int g = 0; g < GROUP; ++g) {
                 float s = 0.0f;
@@ -112,15 +122,18 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
                 scores[g * n + i] = s;
             }
         }
+        if (softcap > 0.0f)
+            for (int g = 0; g < GROUP; ++g)
+                for (int64_t i = lo; i < n; ++i) scores[g * n + i] = softcap * tanhf(scores[g * n + i] / softcap);
         for (int g = 0; g < GROUP; ++g) {
             float top = best[g];
-            for (int64_t i = 0; i < n; ++i) top = scores[g * n + i] > top ? scores[g * n + i] : top;
+            for (int64_t i = lo; i < n; ++i) top = scores[g * n + i] > top ? scores[g * n + i] : top;
             const float rescale = exp_nonpositive(best[g] - top);
             for (int d = 0; d < HEAD_DIM; ++d) acc[g][d] *= rescale;
-            total[g] = total[g] * rescale + exponentiate(scores + g * n, n, top);
+            total[g] = total[g] * rescale + exponentiate(scores + g * n + lo, n - lo, top);
             best[g] = top;
         }
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t i = lo; i < n; ++i) {
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load(values[i * HEAD_DIM + d]);
             for (int g = 0; g < GROUP; ++g) {
                 const float w = scores[g * n + i];
@@ -128,6 +141,14 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
             }
         }
     }
+    if (sinks != NULL)
+        for (int g = 0; g < GROUP; ++g) {
+            /* The sink joins the denominator only; whichever of it and the scores' maximum is larger is the
+             * reference, so e^x is only ever taken of x <= 0. */
+            const float top = sinks[g] > best[g] ? sinks[g] : best[g], rescale = exp_nonpositive(best[g] - top);
+            for (int d = 0; d < HEAD_DIM; ++d) acc[g][d] *= rescale;
+            total[g] = total[g] * rescale + exp_nonpositive(sinks[g] - top);
+        }
     for (int g = 0; g < GROUP; ++g) {
         const float inv = 1.0f / total[g];
         for (int d = 0; d < HEAD_DIM; ++d) out[g * HEAD_DIM + d] = store(acc[g][d] * inv);
@@ -147,13 +168,14 @@ static int within(const int32_t *table, int64_t len, int64_t max_len, int64_t ma
 /* q: token i's head h at q + i * q_stride_token + h * q_stride_head (HEAD_DIM contiguous); k_cache, v_cache:
  * [kv_heads, num_slots, HEAD_DIM]; tables: [*, max_blocks]; row r is token rows[r], attends with block table
  * table_of[r] over lens[r] tokens (1 <= lens[r] <= max_len), and writes its heads at out + rows[r] *
- * out_stride_token ([heads, HEAD_DIM] contiguous). 0 on success, 1 where scratch memory ran out, 2 where a row's
+ * out_stride_token ([heads, HEAD_DIM] contiguous). window (0: none), softcap (0: none) and sinks ([heads] fp32,
+ * or NULL) are the layer's features (see above). 0 on success, 1 where scratch memory ran out, 2 where a row's
  * length or blocks lie outside what it was given (that row is left unwritten). */
 int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride_head, const elem *k_cache,
                          const elem *v_cache, int64_t num_slots, const int32_t *tables, int64_t max_blocks,
                          const int32_t *rows, const int32_t *table_of, const int32_t *lens, int64_t num_rows,
-                         int64_t kv_heads, int64_t block_size, float scale, int64_t max_len, elem *out,
-                         int64_t out_stride_token, int threads) {
+                         int64_t kv_heads, int64_t block_size, float scale, int64_t max_len, int64_t window,
+                         float softcap, const float *sinks, elem *out, int64_t out_stride_token, int threads) {
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -174,7 +196,8 @@ int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride
             }
             attend(q + token * q_stride_token + kvh * GROUP * q_stride_head, q_stride_head,
                    k_cache + kvh * num_slots * HEAD_DIM, v_cache + kvh * num_slots * HEAD_DIM,
-                   tables + (int64_t)table_of[r] * max_blocks, lens[r], block_size, scale, scores,
+                   tables + (int64_t)table_of[r] * max_blocks, lens[r], block_size, scale, window, softcap,
+                   sinks == NULL ? NULL : sinks + kvh * GROUP, scores,
                    out + token * out_stride_token + kvh * GROUP * HEAD_DIM);
         }
         free(scores);
