@@ -73,6 +73,7 @@ class Call:
     status: int
     json: Any = None
     form: dict[str, str] | None = None
+    params: dict[str, str] | None = None
     signed_in: int | None = None  # the status for a console session, where it differs
 
 
@@ -84,6 +85,8 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/v1/messages"): Call(200, json={**CHAT, "max_tokens": 4}),
     ("POST", "/v1/messages/count_tokens"): Call(200, json=CHAT),
     ("GET", "/v1/models/{model_id:path}"): Call(200),
+    # The fake engine has no tokenizer files to publish: past the guard, a 404 (tests/backends has the 200s).
+    ("GET", "/v1/tokenizer"): Call(404, params={"model": MODEL}),
     ("GET", "/health"): Call(200),
     ("GET", "/ready"): Call(200),
     ("GET", "/metrics"): Call(200),
@@ -180,6 +183,8 @@ def _send(appliance: Appliance, method: str, path: str, call: Call, headers: dic
         kwargs["json"] = call.json
     if call.form is not None:
         kwargs["data"] = call.form
+    if call.params is not None:
+        kwargs["params"] = call.params
     return appliance.http.request(method, path, **kwargs)
 
 

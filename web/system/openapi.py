@@ -158,7 +158,7 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
         statuses.add(429)
         if method in STATE_CHANGING:
             statuses |= {403, 415}  # a cross-site request; a body that is not JSON (web/system/admin_auth.py)
-    if "{" in path:
+    if "{" in path or path == "/v1/tokenizer":  # an id it does not know; a model it does not publish
         statuses.add(404)
     if "requestBody" in operation:
         statuses.add(413)
