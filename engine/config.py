@@ -55,6 +55,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     cache_dir: str | None = None
+    # On a CPU, engine.cpu.plan decides each of the next five from these settings and says why.
     cpu_threads: int | None = None  # torch threads on a CPU device; None: one fewer than the cores (at least 1)
     decode_attention: DecodeAttention = "auto"  # engine.cpu.decode_kernel
     prepack: bool = True  # bf16 linear layers on a CPU in oneDNN's layout (engine/cpu/prepack.py); off to compare
@@ -91,12 +92,6 @@ class EngineConfig:
             _at_least("max_model_len", self.max_model_len, 1)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
-
-    @property
-    def effective_cpu_threads(self) -> int:
-        # A core is left to the web server: torch's thread pool slows down several-fold, not by half, as soon as
-        # another process wants one of its cores (measured: 39 -> 125 ms per step on 2 cores, 1 thread: 52 ms).
-        return self.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
 
     @property
     def model_cache_dir(self) -> Path:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.config import EngineConfig
-from engine.cpu.allocator import keep_freed_memory
 from engine.cpu.decode_kernel import attention_kernel
 from engine.errors import ConfigError, InvalidRequestError
 from engine.messages import (
@@ -60,21 +59,16 @@ class EngineCore:
         progress: Callable[[str], None] | None = None,
         loaded: LoadedModel | None = None,
     ) -> None:
-        """loaded: an already loaded model to serve (benchmarks compare policies on one copy of the weights)."""
+        """loaded: an already loaded model to serve (benchmarks compare policies on one copy of the weights); its
+        CPU plan, made from the config it was loaded with, is the one this engine follows."""
         self.config = config
         self.loaded = loaded or load_model(config, progress, attn_implementation=ATTENTION_NAME)
-        if self.loaded.device.type == "cpu":
-            torch.set_num_threads(config.effective_cpu_threads)
-            keep_freed_memory()  # after the load, whose buffers are freed for good
+        self.loaded.cpu_plan.apply()
         self.tokenizer = self.loaded.tokenizer
         self.features = check_fidelity(self.loaded.model)
         log.info("model features: %s", self.features.describe())
         self.rope = install_request_rope(self.loaded.model, self.features.rope_types)
-        self.forward = (
-            cpu_forward(self.loaded.model, self.loaded.device, self.loaded.dtype, self.features)
-            if config.own_forward
-            else None
-        )
+        self.forward, plan = cpu_forward(self.loaded.model, self.loaded.cpu_plan, self.features)
         if progress:
             progress("sizing the KV cache")
         self.kv = self._allocate_kv()
@@ -98,14 +92,11 @@ class EngineCore:
         self.grammars = GrammarCache(self.tokenizer, logits_width, sorted(self.eos_token_ids))
         self.guided = GuidedBatch(self.grammars, config.max_num_seqs, self.loaded.device)
         text = self.loaded.model.config.get_text_config()
-        kernel = attention_kernel(
-            config.decode_attention,
-            self.loaded.device,
-            self.kv.key[0].dtype,
-            self.loaded.head_dim,
-            text.num_attention_heads,
-            self.loaded.num_kv_heads,
+        kernel, self.cpu_plan = attention_kernel(
+            plan, self.kv.key[0].dtype, self.loaded.head_dim, text.num_attention_heads, self.loaded.num_kv_heads
         )
+        for line in self.cpu_plan.lines():
+            log.info(line)
         self.runner = ModelRunner(
             self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward, self.rope
         )

@@ -1,7 +1,7 @@
 """`appliance doctor`: checks what the appliance needs on this machine and explains each finding in one line:
-GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the compute dtype, the compiled
-attention kernel, the float32 linear layers and forward, the model, the data directory, the database schema, the
-port and the disk. Any failure makes the exit status non-zero."""
+GPU and driver, CUDA in torch, memory against the model's needs, bitsandbytes, the compute dtype, the engine's CPU
+plan (threads, attention, linear layers, forward), the model, the data directory, the database schema, the port and
+the disk. Any failure makes the exit status non-zero."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance.doctor.backends import backends_finding
-from appliance.doctor.cpu import float32_cpu_finding
+from appliance.doctor.cpu import CpuFindings
 from appliance.doctor.host import FAIL, INFO, OK, WARN, Finding, HostChecks
 from appliance.doctor.probes import Gpu, cpu_flag, nvidia_gpus
 from appliance.doctor.vllm import vllm_finding
 from appliance.models.size import MemoryNeed, Shape, memory_need, model_shape
 from appliance.settings import Settings
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe, has_native_bf16
-from engine.cpu.kernel_build import KernelBuildError, build_kernel
 from web.console.render import fmt_bytes
 
 # Where one of these exists a GPU may be usable, and only then is torch imported (seconds) to ask it: NVIDIA's
@@ -45,6 +44,7 @@ class Doctor(HostChecks):
             self.check_memory,
             self.check_bitsandbytes,
             self.check_compute,
+            self.check_cpu_plan,
             self.check_decode_attention,
             self.check_linear_layers,
             self.check_model,
@@ -283,30 +283,22 @@ class Doctor(HostChecks):
             return Finding(WARN, "compute", f"{summary}: this CPU emulates bf16, float32 is faster (APPLIANCE_DTYPE)")
         return Finding(OK, "compute", summary)
 
+    @cached_property
+    def cpu(self) -> CpuFindings:
+        return CpuFindings(self.settings, self.cuda, self.compute_dtype)
+
+    def check_cpu_plan(self) -> Finding:
+        """The engine's CPU plan (engine.cpu.plan): torch's threads and the allocator."""
+        return self.cpu.plan_finding()
+
     def check_decode_attention(self) -> Finding:
-        """Whether the engine can build its compiled attention here (engine.cpu.kernel_build): a C compiler, and a
-        temporary directory the built library loads from. Built for the model's head size; the engine builds
-        its own at start for the model's whole shape."""
-        mode = self.settings.decode_attention
-        if self.settings.engine == "vllm":
-            return Finding(INFO, "decode attention", "not used: vLLM is the engine (APPLIANCE_ENGINE)")
-        if self.cuda or mode == "torch":
-            why = "on CUDA" if self.cuda else "as APPLIANCE_DECODE_ATTENTION says"
-            return Finding(INFO, "decode attention", f"torch's, {why}")
-        head_dim = self.shape.head_dim if isinstance(self.shape, Shape) else 64
-        try:
-            _, seconds = build_kernel("float32", head_dim, 1, 1)
-        except KernelBuildError as exc:
-            if mode == "compiled":
-                return Finding(FAIL, "decode attention", f"APPLIANCE_DECODE_ATTENTION=compiled, but {exc}")
-            return Finding(
-                WARN, "decode attention", f"torch's, slower on a CPU: the compiled kernel cannot be built ({exc})"
-            )
-        return Finding(OK, "decode attention", f"compiled for this CPU at each start (here in {seconds:.1f} s)")
+        """The plan's attention, its compiled kernel built here once (a C compiler, and a temporary directory the
+        built library loads from); the engine builds its own at start for the model's whole shape."""
+        return self.cpu.attention_finding()
 
     def check_linear_layers(self) -> Finding:
-        """Whether float32 on a CPU gets compact weights and the engine's own forward (engine.cpu.kernel_build)."""
-        return float32_cpu_finding(self.settings, self.cuda, self.compute_dtype)
+        """The plan's linear layers and forward, their kernels built here once."""
+        return self.cpu.linear_finding()
 
     def check_model(self) -> Finding:
         model = self.settings.model

@@ -67,12 +67,12 @@ def decoding_core(base: EngineConfig, batch: int, context: int, steps: int, sigm
 
 
 ONE_GROUP = 1 << 30  # a group cost no split can pay for: every decode in one padded group
-_cache: dict[tuple[str, str, str], LoadedModel] = {}
+_cache: dict[tuple[str, str, str, str], LoadedModel] = {}
 
 
 def _loaded(config: EngineConfig) -> LoadedModel:
     """One variant's weights at a time, reused across its batch sizes."""
-    key = (config.quantization, config.dtype, str(config.compact_weights))
+    key = (config.quantization, config.dtype, str(config.compact_weights), str(config.own_forward))
     if key not in _cache:
         _cache.clear()
         _cache[key] = load_model(config, attn_implementation=ATTENTION_NAME)

@@ -6,13 +6,12 @@ torch's decode attention (engine.model.attention) copies each request's blocks o
 of its group, and multiplies the copy; a prefill that continues a context gathers it and runs SDPA with an
 explicit causal mask. The kernel walks each row's block table instead, up to the row's own position: no copy,
 no padding, no mask. It is built when the engine starts, for the model's head size, heads per KV head and
-dtype. Where it cannot be (no compiler, a dtype other than float32 or bfloat16, a CUDA device), attention stays
-torch's, and the log says why.
+dtype, where the CPU plan (engine.cpu.plan) chooses it; where it does not build, attention stays torch's, and the
+plan records why.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,6 +19,7 @@ from typing import Protocol
 import torch
 
 from engine.cpu.kernel_build import KernelBuildError, build_kernel
+from engine.cpu.plan import Attention, CpuPlan, Decision
 
 
 class KernelFeatures(Protocol):
@@ -37,8 +37,6 @@ class KernelFeatures(Protocol):
 
 
 __all__ = ["AttentionKernel", "AttentionRows", "KernelBuildError", "KernelFeatures", "RowsBuilder", "attention_kernel"]
-
-log = logging.getLogger("engine.cpu.decode_kernel")
 
 ELEMENT = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -153,28 +151,19 @@ class AttentionKernel:
 
 
 def attention_kernel(
-    mode: str, device: torch.device, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
-) -> AttentionKernel | None:
-    """The kernel for this model, or None where attention stays torch's: mode `torch`, or `auto` where it cannot
-    be built (the log says why). Mode `compiled` raises KernelBuildError rather than fall back."""
-    if mode == "torch":
-        return None
+    plan: CpuPlan, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
+) -> tuple[AttentionKernel | None, CpuPlan]:
+    """The kernel for this model where the plan chose it, else None (torch's attention), and the plan with the
+    build's outcome recorded. Where the plan requires it (decode_attention=compiled), a failed build raises
+    KernelBuildError rather than fall back."""
+    if plan.attention.choice is not Attention.COMPILED:
+        return None, plan
+    element = ELEMENT.get(dtype, str(dtype).removeprefix("torch."))
     try:
-        if device.type != "cpu":
-            raise KernelBuildError(f"it is for CPUs, and the model is on {device}")
-        element = ELEMENT.get(dtype, str(dtype).removeprefix("torch."))
         function, seconds = build_kernel(element, head_dim, heads, kv_heads)
     except KernelBuildError as exc:
-        if mode == "compiled":
-            raise
-        log.info("attention: torch's, as the compiled kernel is unavailable: %s", exc)
-        return None
-    log.info(
-        "attention: compiled for this CPU in %.1f s (%s, head size %d, %d heads over %d KV heads)",
-        seconds,
-        element,
-        head_dim,
-        heads,
-        kv_heads,
+        return None, plan.unbuilt("attention", exc)
+    built = f"built in {seconds:.1f} s for {element}, head size {head_dim}, {heads} heads over {kv_heads} KV heads"
+    return AttentionKernel(function, dtype, seconds), plan.settled(
+        attention=Decision(Attention.COMPILED, f"{plan.attention.reason}; {built}")
     )
-    return AttentionKernel(function, dtype, seconds)

@@ -30,6 +30,7 @@ LAYER_SOURCE = CSRC / "layer_ops.c"
 ELEMENTS = ("float32", "bfloat16")
 MAX_HEAD_DIM, MAX_GROUP = 256, 32
 COMPILE_TIMEOUT_S = 120
+NO_COMPILER = "no C compiler (cc or gcc; install gcc, or set CC)"
 # Reassociation lets the dot products and sums vectorise; finite math lets the clamp in exp do too (scores are
 # finite: the kernel never adds -inf). No -ffast-math: linked into a shared object it may set flush-to-zero for
 # the whole process.
@@ -140,10 +141,15 @@ def _build(
     return function, time.monotonic() - start
 
 
+def find_compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc or gcc on the PATH; None where there is none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def _library(source: Path, flags: tuple[str, ...], defines: list[str]) -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler()
     if compiler is None:
-        raise KernelBuildError("no C compiler (cc or gcc; install gcc, or set CC)")
+        raise KernelBuildError(NO_COMPILER)
     with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
         library = Path(tmp) / f"{source.stem}.so"
         error = ""

@@ -40,14 +40,10 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN's bf16 linear on this CPU (it needs AVX512-BF16 or AMX to be fast, and torch built with it)."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
+def onednn_bf16() -> bool:
+    """oneDNN's bf16 linear on this CPU (it needs AVX512-BF16 or AMX to be fast, and torch built with it); the CPU
+    plan (engine.cpu.plan) decides from it whether bf16 layers are prepacked."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def prepack_linears(model: nn.Module) -> int:

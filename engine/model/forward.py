@@ -8,13 +8,13 @@ layers' own calls, one for rotary embedding and the K/V writes, the attention, a
 (engine/cpu/csrc/layer_ops.c, each following transformers' operations in order). Greedy tokens stay those of
 transformers' generate (tests/engine/test_cpu_forward.py).
 
-Used for LlamaForCausalLM and Qwen2ForCausalLM (SmolLM2, Llama 2/3, Qwen2.5 and their kin); any other model, a
-dtype other than float32, or a machine where the ops do not build (no C compiler) keeps transformers' forward.
+Used where the CPU plan (engine.cpu.plan) chooses it: LlamaForCausalLM and Qwen2ForCausalLM (SmolLM2, Llama 2/3,
+Qwen2.5 and their kin) in float32 on a CPU; a model of another activation or an odd head size, or a machine where
+the ops do not build, keeps transformers' forward, and the plan records why.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,14 +25,12 @@ from torch import nn
 
 from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
 from engine.cpu.packed_linear import PackedLinear
+from engine.cpu.plan import CpuPlan, Decision, Forward
 from engine.model.attention import AttentionMetadata, attend
 from engine.model.fidelity import ModelFeatures
 
-__all__ = ["ARCHITECTURES", "CpuForward", "cpu_forward"]
+__all__ = ["CpuForward", "cpu_forward"]
 
-log = logging.getLogger("engine.model.forward")
-
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -125,32 +123,27 @@ class CpuForward:
         return self.lm_head(x.index_select(0, rows))
 
 
-def cpu_forward(
-    model: Any, device: torch.device, dtype: torch.dtype, features: ModelFeatures | None = None
-) -> CpuForward | None:
-    """The engine's forward for this model, or None where transformers' stays (the log says why). features: what
-    engine.model.fidelity found; the engine's own forward computes only full causal attention with rope fixed at
-    load."""
-    why = _unsupported(model, device, dtype)
+def cpu_forward(model: Any, plan: CpuPlan, features: ModelFeatures | None = None) -> tuple[CpuForward | None, CpuPlan]:
+    """The engine's forward for this model where the plan chose it, else None (transformers'), and the plan with
+    the outcome recorded. features: what engine.model.fidelity found; the engine's own forward computes only full
+    causal attention with rope fixed at load."""
+    if plan.forward.choice is not Forward.OWN:
+        return None, plan
+    why = _unsupported(model)
     if why is None and features is not None and not features.plain:
         why = (
             f"the engine's own computes full causal attention with fixed rope, and this model has {features.describe()}"
         )
-    if why is None:
-        try:
-            return CpuForward(model, build_layer_ops())
-        except KernelBuildError as exc:
-            why = f"its operations do not build: {exc}"
-    log.info("forward: transformers', as %s", why)
-    return None
+    if why is not None:
+        return None, plan.settled(forward=Decision(Forward.TRANSFORMERS, why))
+    try:
+        return CpuForward(model, build_layer_ops()), plan
+    except KernelBuildError as exc:
+        return None, plan.unbuilt("forward", exc)
 
 
-def _unsupported(model: Any, device: torch.device, dtype: torch.dtype) -> str | None:
-    name = type(model).__name__
-    if name not in ARCHITECTURES:
-        return f"the engine's own is for {' and '.join(ARCHITECTURES)}, not {name}"
-    if device.type != "cpu" or dtype != torch.float32:
-        return f"the engine's own is for float32 on a CPU, not {str(dtype).removeprefix('torch.')} on {device}"
+def _unsupported(model: Any) -> str | None:
+    """What of this model the engine's forward does not compute (the plan has checked its architecture)."""
     text = model.config.get_text_config()
     if getattr(text, "hidden_act", None) != "silu":
         return f"the engine's own computes SiLU, not {getattr(text, 'hidden_act', None)}"

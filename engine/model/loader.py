@@ -30,7 +30,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from engine.config import EngineConfig
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
 from engine.cpu.packed_linear import pack_linears
-from engine.cpu.prepack import prepack_linears, prepack_supported
+from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
+from engine.cpu.prepack import onednn_bf16, prepack_linears
 from engine.errors import ModelLoadError
 from engine.model.load_progress import bars_as_lines, heartbeat
 from engine.model.presets import PRESETS, build_random_model, get_preset
@@ -60,6 +61,7 @@ class LoadedModel:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    cpu_plan: CpuPlan  # engine.cpu.plan: the linear layers' outcome recorded; the core settles the rest
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -115,12 +117,13 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source_dir)
     model.eval()
     model.requires_grad_(False)
-    if config.prepack and prepack_supported(device, dtype):
+    plan = cpu_plan(config, device.type, _name(dtype), type(model).__name__, this_machine(onednn_bf16()))
+    if plan.linears.choice is Linears.PREPACKED:
         with _step("laying out the linear layers for oneDNN"):
             report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
-    if config.compact_weights and device.type == "cpu" and dtype == torch.float32:
+    if plan.linears.choice is Linears.COMPACT:
         with _step("packing the linear layers' weights"):
-            report(f"linear layers' weights, by the form that holds them exactly: {_forms(pack_linears(model))}")
+            plan = _compacted(plan, pack_linears(model), report)
     with _step(f"reading the shape of {name}"):
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -143,11 +146,22 @@ def load_model(
         num_layers=text.num_hidden_layers,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
+        cpu_plan=plan,
     )
 
 
-def _forms(counts: Counter[str]) -> str:
-    return ", ".join(f"{form} {n}" for form, n in sorted(counts.items())) or "no linear layers"
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _compacted(plan: CpuPlan, counts: Counter[str], report: Progress) -> CpuPlan:
+    """The plan with the compact weights' outcome: the forms the layers took, or plain where none took one."""
+    forms = ", ".join(f"{form} {n}" for form, n in sorted(counts.items())) or "no linear layers"
+    report(f"linear layers' weights, by the form that holds them exactly: {forms}")
+    if set(counts) <= {"plain"}:
+        why = "no compact form holds their weights exactly, or the packed kernel does not build (the log says which)"
+        return plan.settled(linears=Decision(Linears.PLAIN, why))
+    return plan.settled(linears=Decision(Linears.COMPACT, f"{plan.linears.reason}: {forms}"))
 
 
 @contextmanager

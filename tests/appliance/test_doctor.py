@@ -25,7 +25,7 @@ from web.static import VENDOR_DIR
 from web.static.assets import ASSETS
 
 CHECKS = [
-    *("gpu", "cuda", "memory", "bitsandbytes", "compute", "decode attention", "linear layers", "model"),
+    *("gpu", "cuda", "memory", "bitsandbytes", "compute", "cpu plan", "decode attention", "linear layers", "model"),
     *("data dir", "database", "port", "disk", "assets"),
 ]
 LINE = re.compile(r"^(ok|info|warn|fail) +(" + "|".join(CHECKS) + r") +\S")
@@ -175,6 +175,6 @@ def test_doctor_without_a_gpu_or_quantization_does_not_load_torch(data_dir: Path
     heavy = "{'torch', 'transformers', 'gguf'}"
     report = f"import atexit, sys; atexit.register(lambda: print(sorted({heavy} & set(sys.modules))))"
     env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "APPLIANCE_QUANTIZATION": "none"}
-    code = f"{report}; from appliance import cli; cli.main(['doctor'])"
+    code = f"{report}; from appliance.cli import main; main.main(['doctor'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr

@@ -5,8 +5,6 @@ tests/engine/test_equivalence.py, for Llama and Qwen2.)"""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from torch import nn
@@ -15,6 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
 from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
+from engine.cpu.plan import CpuPlan, Forward, cpu_plan, this_machine
 from engine.model.forward import CpuForward, cpu_forward
 
 try:
@@ -35,18 +34,32 @@ def test_llama_and_qwen2_in_float32_take_the_engines_forward(model: str) -> None
     assert _core(model, own_forward=False).forward is None
 
 
-def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     core = _core()
-    with caplog.at_level(logging.INFO, logger="engine.model.forward"):
-        assert cpu_forward(core.loaded.model, torch.device("cpu"), torch.bfloat16) is None
-        assert "for float32 on a CPU, not bfloat16 on cpu" in caplog.text
-        assert cpu_forward(nn.Linear(4, 4), torch.device("cpu"), torch.float32) is None
-        assert "not Linear" in caplog.text
-        monkeypatch.setenv("CC", "/nonexistent/cc")
-        assert cpu_forward(core.loaded.model, torch.device("cpu"), torch.float32) is None
-        assert "its operations do not build" in caplog.text
+
+    def plan(dtype: str = "float32", architecture: str = "LlamaForCausalLM") -> CpuPlan:
+        return cpu_plan(EngineConfig(), "cpu", dtype, architecture, this_machine())
+
+    bf16 = plan("bfloat16")
+    assert cpu_forward(core.loaded.model, bf16) == (None, bf16)
+    assert "for float32 on a CPU, not bfloat16 on cpu" in bf16.forward.reason
+    other = plan(architecture=type(nn.Linear(4, 4)).__name__)
+    assert cpu_forward(nn.Linear(4, 4), other) == (None, other) and "not Linear" in other.forward.reason
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    forward, settled = cpu_forward(core.loaded.model, plan())
+    assert forward is None and settled.forward.choice is Forward.TRANSFORMERS
+    assert "its operations do not build" in settled.forward.reason
+
+
+def test_a_model_of_another_activation_keeps_transformers_forward() -> None:
+    core = _core()
+    text = core.loaded.model.config.get_text_config()
+    text.hidden_act = "gelu"
+    try:
+        forward, settled = cpu_forward(core.loaded.model, core.loaded.cpu_plan)
+    finally:
+        text.hidden_act = "silu"
+    assert forward is None and settled.forward.reason == "the engine's own computes SiLU, not gelu"
 
 
 def test_the_norm_follows_transformers_rmsnorm() -> None:

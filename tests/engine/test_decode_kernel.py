@@ -5,7 +5,6 @@ insist."""
 
 from __future__ import annotations
 
-import logging
 import random
 
 import pytest
@@ -14,10 +13,26 @@ import torch.nn.functional as F
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.cpu.decode_kernel import AttentionRows, KernelBuildError, RowsBuilder, attention_kernel
+from engine.cpu.decode_kernel import AttentionKernel, AttentionRows, KernelBuildError, RowsBuilder, attention_kernel
+from engine.cpu.plan import Attention, CpuPlan, cpu_plan, this_machine
 from engine.errors import ConfigError
 
 CPU = torch.device("cpu")
+
+
+def attempt(
+    mode: str, device: torch.device, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
+) -> tuple[AttentionKernel | None, CpuPlan]:
+    """The kernel as the engine gets it: the CPU plan for this mode, device and dtype, then its build."""
+    config = EngineConfig(decode_attention=mode)  # type: ignore[arg-type]
+    plan = cpu_plan(config, device.type, str(dtype).removeprefix("torch."), "LlamaForCausalLM", this_machine())
+    return attention_kernel(plan, dtype, head_dim, heads, kv_heads)
+
+
+def compiled(dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int) -> AttentionKernel:
+    kernel, _ = attempt("compiled", CPU, dtype, head_dim, heads, kv_heads)
+    assert kernel is not None
+    return kernel
 
 
 def paged_case(
@@ -71,7 +86,7 @@ LENS = [1, 2, 15, 16, 17, 31, 33, 300, 64, 5]  # around the block edges, one lon
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{h}h-{k}kv-d{d}" for h, k, d in SHAPES])
 def test_equals_sdpa_over_each_requests_own_blocks(dtype: torch.dtype, shape: tuple[int, int, int]) -> None:
     heads, kv_heads, head_dim = shape
-    kernel = attention_kernel("compiled", CPU, dtype, head_dim, heads, kv_heads)
+    kernel = compiled(dtype, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(dtype, heads, kv_heads, head_dim, LENS)
     out = torch.full_like(q, float("nan"))
@@ -86,7 +101,7 @@ def test_reads_the_query_through_its_strides_and_writes_only_its_rows() -> None:
     """The attention layer hands it the step's q as [H, T, D].transpose(0, 1) and the whole step's output, of
     which the other rows (fresh prefills, SDPA's) are not its own."""
     heads, kv_heads, head_dim, lens = 9, 3, 64, [40, 3, 17]
-    kernel = attention_kernel("compiled", CPU, torch.float32, head_dim, heads, kv_heads)
+    kernel = compiled(torch.float32, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(torch.float32, heads, kv_heads, head_dim, lens, seed=1)
     step_q = torch.cat([q, torch.randn(5, heads, head_dim)]).transpose(0, 1).contiguous()  # [H, T, D]: 5 prefills
@@ -104,7 +119,7 @@ def test_prefill_rows_continuing_a_context_attend_causally_over_it() -> None:
     computed, chunk = [20, 35], [12, 30]
     totals = [c + n for c, n in zip(computed, chunk, strict=True)] + [50]
     for dtype in (torch.float32, torch.bfloat16):
-        kernel = attention_kernel("compiled", CPU, dtype, head_dim, heads, kv_heads)
+        kernel = compiled(dtype, head_dim, heads, kv_heads)
         assert kernel is not None
         _, k_cache, v_cache, tables = paged_case(dtype, heads, kv_heads, head_dim, totals, seed=3)
         q = torch.randn(1 + sum(chunk), heads, head_dim).to(dtype)  # the decode's row, then the chunks'
@@ -129,7 +144,7 @@ def test_prefill_rows_continuing_a_context_attend_causally_over_it() -> None:
 @pytest.mark.parametrize("bad", ["block-beyond-pool", "negative-block"])
 def test_a_row_outside_its_table_or_the_pool_is_an_error_not_a_crash(bad: str) -> None:
     heads, kv_heads, head_dim = 9, 3, 64
-    kernel = attention_kernel("compiled", CPU, torch.float32, head_dim, heads, kv_heads)
+    kernel = compiled(torch.float32, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(torch.float32, heads, kv_heads, head_dim, [40, 20])
     pool_blocks = k_cache.shape[1] // 16
@@ -161,7 +176,7 @@ def test_no_rows_build_nothing() -> None:
 def test_several_threads_give_what_one_gives() -> None:
     heads, kv_heads, head_dim = 9, 3, 64
     lens = [random.Random(5).randrange(1, 400) for _ in range(24)]
-    kernel = attention_kernel("compiled", CPU, torch.bfloat16, head_dim, heads, kv_heads)
+    kernel = compiled(torch.bfloat16, head_dim, heads, kv_heads)
     assert kernel is not None
     q, k_cache, v_cache, tables = paged_case(torch.bfloat16, heads, kv_heads, head_dim, lens, seed=2)
     batch = decode_rows(tables, lens)
@@ -179,41 +194,40 @@ def test_several_threads_give_what_one_gives() -> None:
 
 
 def test_torch_mode_builds_nothing() -> None:
-    assert attention_kernel("torch", CPU, torch.float32, 64, 9, 3) is None
+    kernel, plan = attempt("torch", CPU, torch.float32, 64, 9, 3)
+    assert (
+        kernel is None
+        and plan.attention.choice is Attention.TORCH
+        and "APPLIANCE_DECODE_ATTENTION" in plan.attention.reason
+    )
 
 
 @pytest.mark.parametrize(
-    ("device", "dtype", "shape", "why"),
+    ("device", "dtype", "shape", "auto_says", "why"),
     [
-        (torch.device("cuda"), torch.float32, (9, 3, 64), "for CPUs"),
-        (CPU, torch.float16, (9, 3, 64), "not float16"),
-        (CPU, torch.float32, (9, 2, 64), "beyond it"),  # heads not a multiple of KV heads
-        (CPU, torch.float32, (4, 4, 512), "beyond it"),
+        (torch.device("cuda"), torch.float32, (9, 3, 64), "not a CPU", "for CPUs"),
+        (CPU, torch.float16, (9, 3, 64), "not float16", "not float16"),
+        (CPU, torch.float32, (9, 2, 64), "beyond it", "beyond it"),  # heads not a multiple of KV heads
+        (CPU, torch.float32, (4, 4, 512), "beyond it", "beyond it"),
     ],
     ids=["cuda", "float16", "uneven-groups", "head-too-large"],
 )
 def test_what_it_cannot_compute_falls_back_or_is_refused(
-    device: torch.device,
-    dtype: torch.dtype,
-    shape: tuple[int, int, int],
-    why: str,
-    caplog: pytest.LogCaptureFixture,
+    device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], auto_says: str, why: str
 ) -> None:
     heads, kv_heads, head_dim = shape
-    with caplog.at_level(logging.INFO, logger="engine.cpu.decode_kernel"):
-        assert attention_kernel("auto", device, dtype, head_dim, heads, kv_heads) is None
-    assert "torch's" in caplog.text and why in caplog.text
+    kernel, plan = attempt("auto", device, dtype, head_dim, heads, kv_heads)
+    assert kernel is None and plan.attention.choice is Attention.TORCH and str(plan.attention.choice) == "torch's"
+    assert auto_says in plan.attention.reason
     with pytest.raises(KernelBuildError, match=why):
-        attention_kernel("compiled", device, dtype, head_dim, heads, kv_heads)
+        attempt("compiled", device, dtype, head_dim, heads, kv_heads)
 
 
-def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    with caplog.at_level(logging.INFO, logger="engine.cpu.decode_kernel"):
-        assert attention_kernel("auto", CPU, torch.float32, 64, 9, 3) is None
-    assert "cc failed" in caplog.text
+    kernel, plan = attempt("auto", CPU, torch.float32, 64, 9, 3)
+    assert kernel is None and plan.attention.choice is Attention.TORCH and plan.attention.fallback
+    assert "cc failed" in plan.attention.reason
     config = EngineConfig(
         model="random:tiny", quantization="none", dtype="float32", device="cpu", decode_attention="compiled"
     )
@@ -224,7 +238,7 @@ def test_no_compiler_falls_back_in_auto_and_stops_the_engine_in_compiled(
 def test_a_compiler_that_fails_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "false")
     with pytest.raises(KernelBuildError, match="false failed: exit status 1"):
-        attention_kernel("compiled", CPU, torch.float32, 64, 9, 3)
+        attempt("compiled", CPU, torch.float32, 64, 9, 3)
 
 
 def test_an_unknown_mode_is_a_config_error() -> None:

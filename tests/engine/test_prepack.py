@@ -8,12 +8,11 @@ import torch
 from torch import nn
 
 from engine import EngineConfig, SamplingParams
-from engine.cpu.prepack import PrepackedLinear, prepack_linears, prepack_supported
+from engine.cpu.plan import Linears
+from engine.cpu.prepack import PrepackedLinear, onednn_bf16, prepack_linears
 from engine.llm import LLM
 
-pytestmark = pytest.mark.skipif(
-    not prepack_supported(torch.device("cpu"), torch.bfloat16), reason="this CPU's torch has no oneDNN bf16 linear"
-)
+pytestmark = pytest.mark.skipif(not onednn_bf16(), reason="this CPU's torch has no oneDNN bf16 linear")
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], list(range(40, 90))]
 
 
@@ -24,6 +23,10 @@ def _llm(prepack: bool) -> LLM:
 
 def test_prepacked_layers_give_the_plain_layers_greedy_tokens() -> None:
     plain, packed = _llm(prepack=False), _llm(prepack=True)
+    assert (plain.core.cpu_plan.linears.choice, packed.core.cpu_plan.linears.choice) == (
+        Linears.PLAIN,
+        Linears.PREPACKED,
+    )
     linears = [m for m in plain.core.loaded.model.modules() if type(m) is nn.Linear]
     assert linears and not any(isinstance(m, PrepackedLinear) for m in plain.core.loaded.model.modules())
     assert sum(isinstance(m, PrepackedLinear) for m in packed.core.loaded.model.modules()) == len(linears)
