@@ -15,6 +15,8 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrained
 
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
+from engine.cpu.plan import cpu_plan, this_machine
+from engine.cpu.prepack import onednn_bf16
 from engine.errors import ModelLoadError
 from engine.messages import Logprob, RequestOutput
 from engine.model.attention import ATTENTION_NAME
@@ -111,11 +113,18 @@ def hf_config(model_type: str, overrides: dict[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **{**settings, **overrides})
 
 
-def loaded(name: str, dtype: torch.dtype, attention: str | None = ATTENTION_NAME) -> LoadedModel:
+def loaded(
+    name: str, dtype: torch.dtype, attention: str | None = ATTENTION_NAME, engine_config: EngineConfig | None = None
+) -> LoadedModel:
     model_type, overrides = {**FAMILIES, **{k: v[:2] for k, v in REFUSED.items()}}[name]
     config = hf_config(model_type, overrides)
     model = build_random_model(config, 0, CPU, dtype, attention).eval().requires_grad_(False)
+    machine = this_machine(onednn_bf16())
+    plan = cpu_plan(
+        engine_config or EngineConfig(), "cpu", str(dtype).removeprefix("torch."), type(model).__name__, machine
+    )
     return LoadedModel(
+        cpu_plan=plan,
         model=model,
         tokenizer=tokenizer(),
         name=name,
@@ -143,7 +152,7 @@ def engine(name: str, dtype: torch.dtype) -> EngineCore:
         max_num_seqs=6,
         own_forward=True,
     )
-    return EngineCore(config, loaded=loaded(name, dtype))
+    return EngineCore(config, loaded=loaded(name, dtype, engine_config=config))
 
 
 def prompts(vocab: int) -> list[list[int]]:
