@@ -20,6 +20,7 @@ from engine import Logprob, QueuePosition, RequestOutput
 from web.errors import AppError
 from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from web.generation.run import Generation
+from web.history.record import Status
 
 logger = logging.getLogger("web.generation")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -152,7 +153,7 @@ async def start_stream(
         except Exception:
             logger.exception("the stream of request %s failed", generation.request_id)
             error = AppError("internal server error")
-            await generation.close("failed", error.message)
+            await generation.close(Status.FAILED, error.message)
             yield error_frame(error)
         finally:
             # A disconnect cancels this generator's scope; shield the finalization from that cancellation.
