@@ -27,7 +27,8 @@ Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
 
 
 class _OpenAI(Dialect[Body]):
-    """What both endpoints share: the history row's fields, the error event, [DONE], the fingerprint."""
+    """What both endpoints share: the history row's fields, the stream's frames, the error event, [DONE], the
+    fingerprint."""
 
     done = fmt.DONE
 
@@ -41,9 +42,11 @@ class _OpenAI(Dialect[Body]):
     def error_frame(self, error: AppError) -> bytes:
         return fmt.sse_error(error)
 
-    @staticmethod
-    def include_usage(body: Body) -> bool:
-        return bool(body.stream_options and body.stream_options.include_usage)
+    def frames(self, body: Body, generation: Generation) -> ChatFrames | CompletionFrames:
+        log = generation.log
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = ChatFrames if isinstance(body, ChatCompletionRequest) else CompletionFrames
+        return frames(generation, log.id, log.model, include_usage, self.fingerprint)
 
 
 class ChatDialect(_OpenAI[ChatCompletionRequest]):
@@ -55,10 +58,6 @@ class ChatDialect(_OpenAI[ChatCompletionRequest]):
 
     async def ask(self, body: ChatCompletionRequest, served: Served) -> Ask:
         return await service.chat_ask(body, served)
-
-    def frames(self, body: ChatCompletionRequest, generation: Generation) -> ChatFrames:
-        log = generation.log
-        return ChatFrames(generation, log.id, log.model, self.include_usage(body), self.fingerprint)
 
     def reply(self, body: ChatCompletionRequest, generation: Generation, done: Collected) -> bytes:
         log, tools = generation.log, generation.tools
@@ -78,10 +77,6 @@ class CompletionDialect(_OpenAI[CompletionRequest]):
 
     async def ask(self, body: CompletionRequest, served: Served) -> Ask:
         return await service.completion_ask(body, served)
-
-    def frames(self, body: CompletionRequest, generation: Generation) -> CompletionFrames:
-        log = generation.log
-        return CompletionFrames(generation, log.id, log.model, self.include_usage(body), self.fingerprint)
 
     def reply(self, body: CompletionRequest, generation: Generation, done: Collected) -> bytes:
         log = generation.log
