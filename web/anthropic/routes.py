@@ -4,6 +4,7 @@ web/anthropic/errors.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from litestar import Request, Response, Router, post
@@ -31,7 +32,7 @@ class MessagesDialect(Dialect[MessagesRequest]):
     id_prefix = "msg_"
     done = b""  # message_stop ends the stream
     # The engine names its fields as SamplingParams does; the client reads Anthropic's names.
-    param_names: ClassVar[dict[str, str]] = {"stop": "stop_sequences"}
+    param_names: ClassVar[Mapping[str, str]] = {"stop": "stop_sequences"}
 
     def decode(self, raw: bytes) -> MessagesRequest:
         return service.decode_messages(raw)

@@ -5,7 +5,7 @@ Generation settles the ledger when it closes. A dialect (Dialect) only decodes i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -42,7 +42,7 @@ class Dialect(ABC, Generic[Body]):
     endpoint: ClassVar[str]  # the history row's endpoint: which API the request spoke
     id_prefix: ClassVar[str]  # of the history id, which the answer carries as its id
     done: ClassVar[bytes]  # the stream's last frame
-    param_names: ClassVar[dict[str, str]] = {}  # the engine's field names as this API's body spells them
+    param_names: ClassVar[Mapping[str, str]] = {}  # the engine's field names as this API's body spells them
 
     @abstractmethod
     def decode(self, raw: bytes) -> Body: ...
