@@ -31,6 +31,7 @@ from web.errors import EXCEPTION_HANDLERS
 from web.generation.backend import EngineClient
 from web.generation.gate import EngineGate
 from web.generation.inflight import InFlight
+from web.generation.prompts import Prompts
 from web.generation.run import Generations
 from web.history.routes import history_router
 from web.history.service import HistoryService
@@ -43,7 +44,6 @@ from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger
 from web.openai.routes import openai_router
-from web.openai.service import Prompts
 from web.system.access import AccessLog
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics

@@ -10,13 +10,13 @@ from web.backends.router import Router as _Router
 from web.config import WebConfig
 from web.generation.gate import EngineGate
 from web.generation.inflight import InFlight as _InFlight
+from web.generation.prompts import Prompts as _Prompts
 from web.generation.run import Generations as _Generations
 from web.history.service import HistoryService
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger as _Ledger
-from web.openai.service import Prompts as _Prompts
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics as _Metrics
 from web.system.models import ModelSwitch

@@ -25,7 +25,7 @@ from engine import EngineError
 from web.errors import AppError, InsufficientQuota, StorageUnavailable, from_engine_error
 from web.generation.disconnect import ClientDisconnected
 from web.generation.policy import Prepared
-from web.history.record import CHECKPOINT, FINALIZE_REQUEST, INSERT_REQUEST, MARK_RUNNING, RequestLog
+from web.history.record import CHECKPOINT, FINALIZE_REQUEST, IN_FLIGHT, INSERT_REQUEST, MARK_RUNNING, RequestLog, Status
 from web.history.writer import BatchWriter, Write, describe
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyInfo, KeyService, next_period_start, period_start
@@ -80,7 +80,7 @@ LEFTOVERS = select(
     RequestRecord.e2e_s,
     RequestRecord.reserved_tokens,
 ).where(
-    RequestRecord.status.in_(("queued", "running")),
+    RequestRecord.status.in_(IN_FLIGHT),
     # Only this gateway's: another one sharing the database may be serving its own right now.
     or_(RequestRecord.gateway == bindparam("gateway"), RequestRecord.gateway.is_(None)),
 )
@@ -88,7 +88,7 @@ INTERRUPT = (
     update(RequestRecord)
     .where(RequestRecord.id == bindparam("rid"))
     .values(
-        status="interrupted",
+        status=Status.INTERRUPTED,
         reserved_tokens=0,
         finished_at=bindparam("finished", type_=UTCDateTime()),
         error="the server stopped while the request was in flight",
@@ -145,13 +145,14 @@ class Ledger:
         try:
             yield
         except ClientDisconnected:
-            log.status, log.error, log.reserved_tokens = "cancelled", "the client disconnected before it was read", 0
+            log.status, log.reserved_tokens = Status.CANCELLED, 0
+            log.error = "the client disconnected before it was read"
             self.metrics.observe_request(log)
             await self._write_refused(log)
             raise
         except Exception as exc:
             error = self._refusal(log, exc)
-            log.status, log.error, log.reserved_tokens = "rejected", error.message, 0
+            log.status, log.error, log.reserved_tokens = Status.REJECTED, error.message, 0
             await self._write_refused(log, storage_down=isinstance(error, StorageUnavailable))
             if error is exc:
                 raise

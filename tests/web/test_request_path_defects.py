@@ -22,7 +22,7 @@ from tests.web.conftest import (
 )
 from tests.web.fakes import FakeTokenizer
 from tests.web.test_lifecycle import CHAT, call_then_disconnect
-from web.openai.service import MAX_CHARS_PER_TOKEN
+from web.generation.prompts import MAX_CHARS_PER_TOKEN
 
 
 async def test_a_stream_cancelled_after_its_first_token_keeps_its_queue_wait(

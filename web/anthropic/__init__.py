@@ -1,1 +1,2 @@
-"""The Anthropic Messages API (/v1/messages, /v1/messages/count_tokens) on the same request path as /v1's OpenAI."""
+"""The Anthropic Messages API (/v1/messages, /v1/messages/count_tokens): its bodies into the pipeline's Ask, its
+responses and stream events."""

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from web.openai.schemas import TOP_K_MAX, Name
+from web.generation.decoding import TOP_K_MAX, Name
 
 # Anthropic's pattern for a tool's name (Claude Code's MCP tools are "mcp__server__tool").
 ToolName = Annotated[str, Meta(pattern="^[a-zA-Z0-9_-]{1,128}$")]

@@ -1,12 +1,11 @@
-"""Anthropic request bodies into engine terms: decode and validate, the conversation in the chat template's shape
-(system first, tool results as tool messages, tool_use blocks as the assistant's tool calls), the sampling
-fields, and one Prepared value through the same Prompts as the OpenAI routes. Every refusal names its field."""
+"""Anthropic request bodies decoded and validated into the pipeline's Ask: the conversation in the chat template's
+shape (system first, tool results as tool messages, tool_use blocks as the assistant's tool calls), the sampling
+fields, the tools. Every refusal names its field."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine import InvalidRequestError
 from web.anthropic.schemas import (
     AnyChoice,
     CountTokensRequest,
@@ -20,17 +19,15 @@ from web.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from web.backends.protocol import Served
 from web.errors import InvalidRequest, UnsupportedParameter
-from web.generation.policy import Prepared
-from web.keys.service import KeyInfo
-from web.openai.decoding import BodyDecoder
-from web.openai.service import Prompts, forced_tool_guided
+from web.generation.decoding import BodyDecoder
+from web.generation.prompts import Ask, Chat
+from web.generation.sampling import Sampling, forced_tool_guided
 from web.tools import AUTO, ToolChoice, ToolPlan, named_choice, tool_spec
 
 decode_messages = BodyDecoder(MessagesRequest)
 decode_count = BodyDecoder(CountTokensRequest)
-# The engine names its fields as SamplingParams does; the client reads Anthropic's names.
-_FIELD_NAMES = {"stop": "stop_sequences"}
 
 
 def conversation(body: CountTokensRequest) -> list[dict[str, Any]]:
@@ -126,30 +123,20 @@ def tool_plan(body: CountTokensRequest, tokenizer: Any) -> ToolPlan:
     return ToolPlan.of(specs, kind, not choice.disable_parallel_tool_use, tokenizer)
 
 
-def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
-    """Anthropic's sampling fields in the engine's terms (their limits are the engine's)."""
-    return {
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "top_k": body.top_k or 0,
-        "stop": tuple(body.stop_sequences or ()),
-    }
-
-
-async def prepare(prompts: Prompts, body: MessagesRequest, key: KeyInfo) -> Prepared:
-    served = prompts.served(body.model)
+async def message_ask(body: MessagesRequest, served: Served) -> Ask:
     plan = tool_plan(body, served.tokenizer)
-    fields = sampling_fields(body)
-    fields["guided"] = await forced_tool_guided(plan, None)  # tool_choice any or tool: the arguments validate
-    try:
-        return await prompts.conversation(served, conversation(body), body.max_tokens, fields, key, plan)
-    except InvalidRequestError as exc:  # the engine's own limits on the sampling fields
-        raise InvalidRequest(str(exc), param=_FIELD_NAMES.get(exc.param or "", exc.param)) from None
+    guided = await forced_tool_guided(plan, None)  # tool_choice any or tool: the arguments validate
+    sampling = Sampling(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        stop=tuple(body.stop_sequences or ()),
+        guided=guided,
+    )
+    return Ask(served, Chat(conversation(body), plan), sampling, body.max_tokens)
 
 
-async def count(prompts: Prompts, body: CountTokensRequest, key: KeyInfo) -> int:
-    """The prompt's tokens through the chat template, as /v1/messages would count them (nothing is admitted)."""
-    served = prompts.served(body.model)
+def count_ask(body: CountTokensRequest, served: Served) -> Ask:
+    """The prompt as /v1/messages would render it (nothing is sampled)."""
     plan = tool_plan(body, served.tokenizer)
-    prepared = await prompts.conversation(served, conversation(body), None, {}, key, plan)
-    return len(prepared.prompt_ids)
+    return Ask(served, Chat(conversation(body), plan))

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from engine import RequestOutput, SamplingParams, Tenant
+from engine import EngineState, RequestOutput, SamplingParams, Tenant
 from web.backends.protocol import Served
 from web.backends.scrape import Load
+from web.backends.status import BackendState
 from web.generation.backend import EngineClient
 
-STATES = {"ready": "up", "loading": "loading", "stopping": "draining"}
+STATES: dict[str, BackendState] = {  # the engine's state (an EngineState, or NoLocalEngine's "none")
+    EngineState.READY: BackendState.UP,
+    EngineState.LOADING: BackendState.LOADING,
+    EngineState.STOPPING: BackendState.DRAINING,
+}
 
 
 class EmbeddedBackend:
@@ -26,12 +31,12 @@ class EmbeddedBackend:
 
     def models(self) -> dict[str, Served]:
         info, name = self.client.model_info, self._model_name()
-        if info is None or name is None or self.client.state != "ready":
+        if info is None or name is None or self.client.state != EngineState.READY:
             return {}
         return {name: Served(name, info.name, info, self.client.tokenizer)}
 
-    def state(self) -> str:
-        return STATES.get(self.client.state, "down")
+    def state(self) -> BackendState:
+        return STATES.get(self.client.state, BackendState.DOWN)
 
     def load(self) -> Load | None:
         s = self.client.stats()

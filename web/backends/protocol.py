@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from engine import ModelInfo, RequestOutput, SamplingParams, Tenant
 from web.backends.scrape import Load
+from web.backends.status import BackendState
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,7 @@ class Backend(Protocol):
         """The served names it answers for now (none while it is not up)."""
         ...
 
-    def state(self) -> str:
-        """up, draining, down, circuit open or loading (web/backends/status.py)."""
-        ...
+    def state(self) -> BackendState: ...
 
     def load(self) -> Load | None:
         """Its latest waiting/running/KV figures (None: it exports none)."""

@@ -18,6 +18,7 @@ from web.backends.fetched import FetchedTokenizers
 from web.backends.protocol import Served
 from web.backends.scrape import Load
 from web.backends.spec import BackendSpec
+from web.backends.status import BackendState
 from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamModel, UpstreamStream
 
 log = logging.getLogger("web.backends")
@@ -43,7 +44,7 @@ class RemoteBackend:
         self._tokenizer_for = tokenizer_for
         self._fetched = fetched
         self._unfetchable: set[str] = set()  # models whose published tokenizer did not load: not fetched again
-        self._health = "down"  # until the first probe answers
+        self._health = BackendState.DOWN  # until the first probe answers
         self._load: Load | None = None
         self._served: dict[str, Served] = {}
         self._models_at = -MODELS_EVERY_S
@@ -55,12 +56,12 @@ class RemoteBackend:
         self._models_error: str | None = None
 
     def models(self) -> dict[str, Served]:
-        return self._served if self.state() == "up" else {}
+        return self._served if self.state() == BackendState.UP else {}
 
-    def state(self) -> str:
-        if self._health != "up":
+    def state(self) -> BackendState:
+        if self._health != BackendState.UP:
             return self._health
-        return "circuit open" if self.breaker.open else "up"
+        return BackendState.CIRCUIT_OPEN if self.breaker.open else BackendState.UP
 
     def load(self) -> Load | None:
         return self._load
@@ -107,7 +108,7 @@ class RemoteBackend:
         where it serves every model it lists."""
         if not self.probed:
             return "not probed yet"
-        if self._health != "up":
+        if self._health != BackendState.UP:
             return self._health + (f" ({self.last_error})" if self.last_error else "")
         if self.breaker.open:
             return f"circuit open ({self.last_error})" if self.last_error else "circuit open"
@@ -134,7 +135,7 @@ class RemoteBackend:
         if health != self._health:
             log.info("backend %s is %s", self.name, health)
         self._health = health
-        if health != "up":
+        if health != BackendState.UP:
             self._load = None
             return
         self.breaker.recovered()

@@ -26,7 +26,7 @@ from web.backends.remote import RemoteBackend, TokenizerFor
 from web.backends.routed import RoutedStream
 from web.backends.seats import Seats
 from web.backends.spec import BackendSpec
-from web.backends.status import BackendStatus
+from web.backends.status import BackendState, BackendStatus
 
 log = logging.getLogger("web.backends")
 
@@ -101,7 +101,7 @@ class Router:
         return model in self._known or (embedded is not None and model == embedded.model_name())
 
     def up(self) -> list[str]:
-        return [b.name for b in self.backends if b.state() == "up"]
+        return [b.name for b in self.backends if b.state() == BackendState.UP]
 
     def generate(
         self,

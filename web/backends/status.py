@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-STATES = ("up", "draining", "down", "circuit open", "loading")
+
+class BackendState(StrEnum):
+    """Whether a backend takes requests (only when up), as /ready, the console and the doctor name it."""
+
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
+    CIRCUIT_OPEN = "circuit open"  # up, but its breaker holds requests off after failures in a row
+    LOADING = "loading"
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +21,7 @@ class BackendStatus:
     name: str  # as history rows name it: "embedded", or the URL's host:port (never its key)
     kind: str  # "embedded" or "remote"
     url: str | None  # the base URL without its password (None for the embedded engine)
-    state: str  # one of STATES
+    state: BackendState
     models: tuple[str, ...]  # the served names it answers for (aliases applied)
     running: int | None  # None: the backend exports no such figure
     waiting: int | None

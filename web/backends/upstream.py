@@ -30,6 +30,7 @@ from engine import (
     Usage,
 )
 from web.backends.scrape import Load, read_load
+from web.backends.status import BackendState
 
 log = logging.getLogger("web.backends")
 
@@ -75,21 +76,23 @@ class Upstream:
             "POST", f"{self.base_url}/v1/completions", json=body, headers=self._headers, timeout=_stream_timeout()
         )
 
-    async def health(self) -> str:
-        """ "up" (200), "draining" (503: vLLM answers so while it shuts down), "loading" or "down". An appliance
+    async def health(self) -> BackendState:
+        """Up (200), draining (503: vLLM answers so while it shuts down), loading or down. An appliance
         answers its /health while alive and its /ready while it can serve: both are asked."""
         try:
             r = await self._http.get(f"{self.base_url}/health", headers=self._headers, timeout=PROBE_TIMEOUT_S)
             if r.status_code == 200 and _json(r.content[:1024]) == {"status": "ok"}:
                 r = await self._http.get(f"{self.base_url}/ready", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
-            return "down"
+            return BackendState.DOWN
         if r.status_code == 200:
-            return "up"
+            return BackendState.UP
         if r.status_code == 503:
             why = _message(_json(r.content[:4096])).lower()
-            return "loading" if "loading" in why else "draining" if "drain" in why or not why else "down"
-        return "down"
+            if "loading" in why:
+                return BackendState.LOADING
+            return BackendState.DRAINING if "drain" in why or not why else BackendState.DOWN
+        return BackendState.DOWN
 
     async def models(self) -> list[UpstreamModel]:
         r = await self._http.get(f"{self.base_url}/v1/models", headers=self._headers, timeout=PROBE_TIMEOUT_S)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from web.backends.status import BackendStatus
+from web.backends.status import BackendState, BackendStatus
 from web.console.diagnosis import COMPUTE_LEVERS, KV_FULL, Diagnosis, memory_levers
 
 MORE_BACKENDS = "another server serving the model, added to APPLIANCE_BACKENDS, takes a share of its requests"
@@ -24,13 +24,13 @@ def has_remotes(statuses: Sequence[BackendStatus]) -> bool:
 def trouble(s: BackendStatus) -> str | None:
     """What keeps a backend from taking requests, in a sentence; None while it is up."""
     last = f" (last error: {s.last_error})" if s.last_error else ""
-    if s.state == "circuit open":
+    if s.state == BackendState.CIRCUIT_OPEN:
         return f"Backend {s.name} is down: circuit open after {s.errors} errors{last}."
-    if s.state == "down":
+    if s.state == BackendState.DOWN:
         return f"Backend {s.name} is down: {s.last_error or 'it does not answer its health check'}."
-    if s.state == "draining":
+    if s.state == BackendState.DRAINING:
         return f"Backend {s.name} is draining: it takes no new requests."
-    if s.state == "loading":
+    if s.state == BackendState.LOADING:
         return f"Backend {s.name} is loading its model."
     if s.reason is not None:
         return f"Backend {s.name} is up but serves {'less than it lists' if s.models else 'nothing'}: {s.reason}."
@@ -57,7 +57,7 @@ def _memory_levers(s: BackendStatus, memory_kind: str) -> list[str]:
 def diagnose_backends(statuses: Sequence[BackendStatus], memory_kind: str) -> Diagnosis:
     """`memory_kind`: the embedded engine's (VRAM or RAM), for its own memory levers."""
     troubles = [t for t in map(trouble, statuses) if t is not None]
-    up = [s for s in statuses if s.state == "up"]
+    up = [s for s in statuses if s.state == BackendState.UP]
     if not up:
         return Diagnosis(
             "down",

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from engine import EngineStats
+from web.history.record import Status
 from web.models import RequestRecord
 
 RECENT = 200  # finished requests the typical length is taken over
@@ -37,7 +38,7 @@ async def typical_chat_tokens(sessions: async_sessionmaker[AsyncSession]) -> int
     """The median tokens (prompt + completion) of the last RECENT finished requests; None when there are none."""
     recent = (
         select(RequestRecord.prompt_tokens + RequestRecord.completion_tokens)
-        .where(RequestRecord.status == "finished")
+        .where(RequestRecord.status == Status.FINISHED)
         .order_by(RequestRecord.arrival_at.desc())
         .limit(RECENT)
     )

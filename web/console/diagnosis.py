@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from web.console.live import EngineLabel
 from web.console.samples import Bucket
 from web.console.tenants import SeatHolder, holder_detail, holder_levers
 
@@ -53,7 +54,7 @@ def _window_detail(window: Sequence[Bucket], label: str) -> tuple[str | None, bo
 
 
 def diagnose(
-    state: str,
+    state: EngineLabel,
     reason: str,
     waiting: int,
     kv_usage: float | None,
@@ -63,7 +64,7 @@ def diagnose(
     holder: SeatHolder | None = None,
 ) -> Diagnosis:
     """`holder`: the key holding most seats while other keys wait, named first when anything waits."""
-    if state in ("down", "loading", "draining"):
+    if state in (EngineLabel.DOWN, EngineLabel.LOADING, EngineLabel.DRAINING):
         return Diagnosis("down", f"The engine is {state}.", [reason])
     detail, waited_full = _window_detail(window, window_label)
     details = [detail] if detail else []

@@ -7,8 +7,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from engine import EngineStats
+from engine import EngineState, EngineStats
 from web.generation.gate import EngineGate
 from web.system.metrics import percentile
 
@@ -37,28 +38,37 @@ class ThroughputMeter:
         return (n1 - n0) / (t1 - t0) if t1 - t0 >= 0.5 else None
 
 
+class EngineLabel(StrEnum):
+    """The engine as the console shows it (down also while restarting after a crash: the reason says so)."""
+
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
 @dataclass(frozen=True, slots=True)
-class EngineState:
-    label: str  # loading | ready | draining | down (down also while restarting after a crash: reason says so)
+class EngineView:
+    label: EngineLabel
     reason: str
     model: str | None
     restarts: int = 0  # engine restarts after a crash since the server started
     last_exit: str | None = None  # why the engine last died, once it has
 
 
-def engine_state(gate: EngineGate) -> EngineState:
+def engine_state(gate: EngineGate) -> EngineView:
     ready, reason = gate.readiness()
     state = gate.client.state
-    if gate.draining or gate.switch_draining or state == "stopping":
-        label = "draining"
+    if gate.draining or gate.switch_draining or state == EngineState.STOPPING:
+        label = EngineLabel.DRAINING
     elif ready:
-        label = "ready"
-    elif state in ("loading", "stopped") and gate.start_error is None and not gate.crashed:
-        label = "loading"
+        label = EngineLabel.READY
+    elif state in (EngineState.LOADING, EngineState.STOPPED) and gate.start_error is None and not gate.crashed:
+        label = EngineLabel.LOADING
     else:
-        label = "down"
+        label = EngineLabel.DOWN
     restarts = gate.client.restarts
-    return EngineState(label, reason, gate.model_name, restarts, gate.client.last_error if restarts else None)
+    return EngineView(label, reason, gate.model_name, restarts, gate.client.last_error if restarts else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,1 +1,2 @@
-"""One request's path through the engine: admission (quota, history row), the stream, the drain."""
+"""The one generation pipeline every API dialect runs: decoded body -> prompt and sampling -> admission (quota,
+history row) -> backend -> deltas streamed or collected -> settled; and the drain."""

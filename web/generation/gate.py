@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from engine import EngineError
+from engine import EngineError, EngineState
 from web.backends.router import Router
 from web.errors import ServiceUnavailable
 from web.generation.backend import EngineClient
@@ -74,13 +74,13 @@ class EngineGate:
 
     def _local_readiness(self) -> tuple[bool, str]:
         state = self.client.state
-        if state == "ready":
+        if state == EngineState.READY:
             return True, "ready"
         if self.start_error is not None:
             return False, f"the engine failed to start: {self.start_error}"
         if self.crashed:
             return False, self.crash_report()
-        if state == "loading":
+        if state == EngineState.LOADING:
             step = self.client.load_step
             return False, f"loading: {step}" if step else "loading: the model is being loaded and warmed up"
         detail = self.client.last_error
@@ -91,13 +91,15 @@ class EngineGate:
         """The engine process died and is not back yet: down, or loading again in a restart after the crash (a
         first load never counts restarts)."""
         state = self.client.state
-        return self.switching is None and (state == "down" or (state == "loading" and self.client.restarts > 0))
+        return self.switching is None and (
+            state == EngineState.DOWN or (state == EngineState.LOADING and self.client.restarts > 0)
+        )
 
     def crash_report(self) -> str:
         """What the operator and the client read while the engine is down: how many restarts, and why it died.
         "state: detail" like the other reasons (appliance status splits them there)."""
         n = self.client.restarts
-        doing = "restarting" if self.client.state == "loading" else "down"
+        doing = "restarting" if self.client.state == EngineState.LOADING else "down"
         last = self.client.last_error or "no exit reason recorded"
         return f"{doing}: after a crash ({n} restart{'' if n == 1 else 's'}; last: {last})"
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from web.generation.gate import EngineGate
+from web.history.record import Status
 from web.ledger import Ledger
 
 ABORT_GRACE_S = 5.0
@@ -22,7 +23,7 @@ class Live(Protocol):
 
     async def abort(self, reason: str) -> None: ...
 
-    async def close(self, status: str | None = None, error: str | None = None) -> None: ...
+    async def close(self, status: Status | None = None, error: str | None = None) -> None: ...
 
 
 class InFlight:
@@ -51,7 +52,7 @@ class InFlight:
             await live.abort("the server is shutting down and the drain timeout passed")
         await self._wait(time.monotonic() + ABORT_GRACE_S)
         for live in self:
-            await live.close("interrupted", "the server shut down while the request was in flight")
+            await live.close(Status.INTERRUPTED, "the server shut down while the request was in flight")
         await self.ledger.flush(timeout=5.0)  # the writer's stop() retries what the database still refuses
 
     async def _wait(self, deadline: float) -> None:

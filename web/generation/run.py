@@ -15,7 +15,7 @@ from web.backends.router import RoutedStream, Router
 from web.errors import AppError, ServiceUnavailable, from_engine_error
 from web.generation.inflight import InFlight
 from web.generation.policy import Prepared
-from web.history.record import RequestLog
+from web.history.record import RequestLog, Status
 from web.keys.service import KeyInfo
 from web.ledger import CHECKPOINT_S, Ledger
 from web.system.metrics import Metrics
@@ -157,16 +157,16 @@ class Generation:
             refused = first and isinstance(exc, QueueFullError | InvalidRequestError)
             if refused:
                 self._owner.metrics.observe_rejected(error.code or error.type)
-            await self.close("rejected" if refused else "failed", error.message)
+            await self.close(Status.REJECTED if refused else Status.FAILED, error.message)
             raise error from None
         except StopAsyncIteration:
             message = "the engine ended the request without " + ("output" if first else "a final output")
-            await self.close("failed", message)
+            await self.close(Status.FAILED, message)
             raise ServiceUnavailable(message) from None
         except Exception:
             logger.exception("request %s failed", self.request_id)
             error = AppError("internal server error")
-            await self.close("failed", error.message)
+            await self.close(Status.FAILED, error.message)
             raise error from None
         self._track(index, out)
         return out
@@ -245,7 +245,7 @@ class Generation:
         for request_id in self._indexes:
             await self._owner.router.abort(request_id)
 
-    async def close(self, status: str | None = None, error: str | None = None) -> None:
+    async def close(self, status: Status | None = None, error: str | None = None) -> None:
         """Finalize once: stop the engine request if it still runs, then settle it in the ledger.
 
         status None means "decide from how it ended": finished, or interrupted after a shutdown abort, or
@@ -259,12 +259,12 @@ class Generation:
         finally:
             if status is None:
                 if self.final is None:
-                    status, error = "cancelled", error or "the client disconnected"
+                    status, error = Status.CANCELLED, error or "the client disconnected"
                 elif self.aborted:
-                    status = "interrupted" if self.abort_reason else "cancelled"
+                    status = Status.INTERRUPTED if self.abort_reason else Status.CANCELLED
                     error = error or self.abort_reason or "aborted"
                 else:
-                    status = "finished"
+                    status = Status.FINISHED
             log.status = status
             log.error = error
             log.backend = log.backend or self._streams[0].backend_name

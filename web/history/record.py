@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, insert, update
@@ -14,6 +15,23 @@ from sqlalchemy import Table, bindparam, insert, update
 from engine import Timings, Usage
 from web.models import RequestRecord
 
+
+class Status(StrEnum):
+    """A history row's status, stored as these strings: queued and running until the request ends, then one of
+    TERMINAL."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+TERMINAL = (Status.FINISHED, Status.CANCELLED, Status.REJECTED, Status.FAILED, Status.INTERRUPTED)
+STATUSES = tuple(Status)
+IN_FLIGHT = (Status.QUEUED, Status.RUNNING)
 _requests = cast(Table, RequestRecord.__table__)
 INSERT_REQUEST = insert(_requests)
 _FINAL_COLUMNS = (
@@ -30,9 +48,9 @@ FINALIZE_REQUEST = (
 )
 MARK_RUNNING = (
     update(_requests)
-    .where(_requests.c.id == bindparam("rid"), _requests.c.status == "queued")
+    .where(_requests.c.id == bindparam("rid"), _requests.c.status == Status.QUEUED)
     .values(
-        status="running",
+        status=Status.RUNNING,
         admitted_at=bindparam("admitted", type_=_requests.c.admitted_at.type),
         first_token_at=bindparam("first", type_=_requests.c.first_token_at.type),
         backend=bindparam("serving", type_=_requests.c.backend.type),
@@ -43,7 +61,7 @@ MARK_RUNNING = (
 # e2e_s as the time of this checkpoint (the recovery takes it as the row's finish).
 CHECKPOINT = (
     update(_requests)
-    .where(_requests.c.id == bindparam("rid"), _requests.c.status.in_(("queued", "running")))
+    .where(_requests.c.id == bindparam("rid"), _requests.c.status.in_(IN_FLIGHT))
     .values(
         completion_tokens=bindparam("tokens", type_=_requests.c.completion_tokens.type),
         e2e_s=bindparam("at", type_=_requests.c.e2e_s.type),
@@ -59,10 +77,6 @@ def is_backend_name(text: str) -> bool:
     """Whether `text` could be a backend's name in the history (a filter's value: PostgreSQL refuses a query
     with a NUL in its text)."""
     return 0 < len(text) <= BACKEND_MAX and "\x00" not in text
-
-
-TERMINAL = ("finished", "cancelled", "rejected", "failed", "interrupted")
-STATUSES = ("queued", "running", *TERMINAL)
 
 
 @dataclass(slots=True)
@@ -81,7 +95,7 @@ class RequestLog:
     prompt_tokens: int = 0
     reserved_tokens: int = 0
     prompt_text: str | None = None
-    status: str = "queued"
+    status: Status = Status.QUEUED
     finish_reason: str | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -1,1 +1,2 @@
-"""The OpenAI-compatible /v1 API: request bodies, chat template, responses and SSE chunks."""
+"""The OpenAI-compatible /v1 API (chat/completions, completions, models): its bodies into the pipeline's Ask, its
+responses and SSE chunks."""

@@ -2,139 +2,106 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.types import Guard
 
 from web import deps
+from web.backends.protocol import Served
 from web.errors import AppError
-from web.generation.disconnect import ClientDisconnected
-from web.generation.gate import EngineGate
-from web.generation.intake import new_log, read_body
-from web.generation.policy import Prepared
-from web.generation.run import Generation, Generations
+from web.generation.pipeline import Dialect, serve
+from web.generation.prompts import Ask, model_refusal
+from web.generation.run import Generation
+from web.generation.stream import Collected
 from web.history.record import RequestLog
-from web.keys.service import KeyInfo
-from web.ledger import Ledger
-from web.openai import decoding, service
 from web.openai import formatting as fmt
+from web.openai import service
 from web.openai.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from web.openai.streaming import (
-    CLIENT_CLOSED,
-    ChatFrames,
-    Collected,
-    CompletionFrames,
-    collect,
-    created_now,
-    start_stream,
-    usage_of,
-)
+from web.openai.streaming import ChatFrames, CompletionFrames, created_now, usage_of
 from web.openai.tools import chat_choice
 
 AnyRequest = Request[Any, Any, Any]
-
-
 Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
-Prepare = Callable[[Body, KeyInfo], Awaitable[Prepared]]
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint(Generic[Body]):
-    """What differs between the two completion endpoints: their body, their frames, their final JSON."""
+class _OpenAI(Dialect[Body]):
+    """What both endpoints share: the history row's fields, the stream's frames, the error event, [DONE], the
+    fingerprint."""
 
-    name: str
-    id_prefix: str
-    decode: Callable[[bytes], Body]
-    frames: Callable[[Generation, str, str, bool, str | None], ChatFrames | CompletionFrames]
-    render: Callable[[RequestLog, Collected, Generation, str | None], object]
+    done = fmt.DONE
 
+    def __init__(self, fingerprint: str | None) -> None:
+        self.fingerprint = fingerprint
 
-REQUEST_ID = "x-request-id"
+    def describe(self, body: Body, log: RequestLog) -> bool:
+        log.model, log.stream, log.user = body.model, body.stream, body.user
+        return body.stream
 
+    def error_frame(self, error: AppError) -> bytes:
+        return fmt.sse_error(error)
 
-@contextmanager
-def _named_refusals(log: RequestLog) -> Iterator[None]:
-    """A refusal of a request that has a history row names the row, as its answers do (x-request-id)."""
-    try:
-        yield
-    except AppError as exc:
-        exc.headers[REQUEST_ID] = log.id
-        raise
-
-
-def _named(response: Response[Any], log: RequestLog) -> Response[Any]:
-    response.headers[REQUEST_ID] = log.id
-    return response
+    def frames(self, body: Body, generation: Generation) -> ChatFrames | CompletionFrames:
+        log = generation.log
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = ChatFrames if isinstance(body, ChatCompletionRequest) else CompletionFrames
+        return frames(generation, log.id, log.model, include_usage, self.fingerprint)
 
 
-async def _serve(
-    request: AnyRequest,
-    endpoint: Endpoint[Body],
-    prepare: Prepare[Body],
-    gate: EngineGate,
-    ledger: Ledger,
-    generations: Generations,
-) -> Response[Any]:
-    """decode -> the key's policy -> one prepared value -> admitted (quota reserved, row written) and started on
-    the engine -> streamed or collected; the Generation settles the ledger when it closes."""
-    key: KeyInfo = request.state.api_key
-    log = new_log(request, endpoint.name, endpoint.id_prefix)
-    with _named_refusals(log):
-        async with ledger.refusals(log):
-            body = endpoint.decode(await read_body(request))
-            log.model, log.stream, log.user = body.model, body.stream, body.user
-            gate.check()
-            prepared = await prepare(body, key)
-            generation = await generations.admit(log, key, prepared)
-        fingerprint = fmt.system_fingerprint(gate.client.model_info)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            streamed = endpoint.frames(generation, log.id, log.model, include_usage, fingerprint)
-            return _named(await start_stream(request, generation, streamed.frames, streamed.closing), log)
-        try:
-            done = await collect(request, generation)
-        except ClientDisconnected:
-            return _named(Response(b"", status_code=CLIENT_CLOSED), log)
-    body_json = fmt.encoder.encode(endpoint.render(log, done, generation, fingerprint))
-    return _named(Response(body_json, media_type="application/json"), log)
+class ChatDialect(_OpenAI[ChatCompletionRequest]):
+    endpoint = "chat.completions"
+    id_prefix = "chatcmpl-"
+
+    def decode(self, raw: bytes) -> ChatCompletionRequest:
+        return service.decode_chat(raw)
+
+    async def ask(self, body: ChatCompletionRequest, served: Served) -> Ask:
+        return await service.chat_ask(body, served)
+
+    def reply(self, body: ChatCompletionRequest, generation: Generation, done: Collected) -> bytes:
+        log, tools = generation.log, generation.tools
+        choices = [chat_choice(i, c.text, c.logprobs, c.final.finish_reason, tools) for i, c in enumerate(done.choices)]
+        usage = usage_of(generation)
+        return fmt.encoder.encode(
+            fmt.chat_completion(log.id, created_now(), log.model, choices, usage, self.fingerprint)
+        )
 
 
-def _chat_body(log: RequestLog, done: Collected, generation: Generation, fingerprint: str | None) -> object:
-    choices = [
-        chat_choice(i, c.text, c.logprobs, c.final.finish_reason, generation.tools) for i, c in enumerate(done.choices)
-    ]
-    return fmt.chat_completion(log.id, created_now(), log.model, choices, usage_of(generation), fingerprint)
+class CompletionDialect(_OpenAI[CompletionRequest]):
+    endpoint = "completions"
+    id_prefix = "cmpl-"
 
+    def decode(self, raw: bytes) -> CompletionRequest:
+        return service.decode_completion(raw)
 
-def _completion_body(log: RequestLog, done: Collected, generation: Generation, fingerprint: str | None) -> object:
-    choices = [
-        fmt.completion_choice(i, c.text, fmt.completion_logprobs(c.logprobs, 0), c.final.finish_reason)
-        for i, c in enumerate(done.choices)
-    ]
-    return fmt.completion(log.id, created_now(), log.model, choices, usage_of(generation), fingerprint)
+    async def ask(self, body: CompletionRequest, served: Served) -> Ask:
+        return await service.completion_ask(body, served)
 
-
-CHAT = Endpoint("chat.completions", "chatcmpl-", decoding.decode_chat, ChatFrames, _chat_body)
-COMPLETIONS = Endpoint("completions", "cmpl-", decoding.decode_completion, CompletionFrames, _completion_body)
+    def reply(self, body: CompletionRequest, generation: Generation, done: Collected) -> bytes:
+        log = generation.log
+        choices = [
+            fmt.completion_choice(i, c.text, fmt.completion_logprobs(c.logprobs, 0), c.final.finish_reason)
+            for i, c in enumerate(done.choices)
+        ]
+        usage = usage_of(generation)
+        return fmt.encoder.encode(fmt.completion(log.id, created_now(), log.model, choices, usage, self.fingerprint))
 
 
 @post("/chat/completions", status_code=200)
 async def chat_completions(
     request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
 ) -> Response[Any]:
-    return await _serve(request, CHAT, prompts.chat, gate, ledger, generations)
+    dialect = ChatDialect(fmt.system_fingerprint(gate.client.model_info))
+    return await serve(request, dialect, prompts, gate, ledger, generations)
 
 
 @post("/completions", status_code=200)
 async def completions(
     request: AnyRequest, prompts: deps.Prompts, gate: deps.Gate, ledger: deps.Ledger, generations: deps.Generations
 ) -> Response[Any]:
-    return await _serve(request, COMPLETIONS, prompts.completion, gate, ledger, generations)
+    dialect = CompletionDialect(fmt.system_fingerprint(gate.client.model_info))
+    return await serve(request, dialect, prompts, gate, ledger, generations)
 
 
 def _model_cards(gate: deps.Gate, router: deps.Router) -> list[ModelCard]:
@@ -161,7 +128,7 @@ async def retrieve_model(gate: deps.Gate, router: deps.Router, model_id: FromPat
     name = model_id.lstrip("/")
     card = next((c for c in _model_cards(gate, router) if c.id == name), None)
     if card is None:
-        raise service.model_refusal(router, name)
+        raise model_refusal(router, name)
     return Response(fmt.encoder.encode(card), media_type="application/json")
 
 

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from engine import MAX_LOGPROBS
+from web.generation.decoding import TOP_K_MAX, Name
 from web.openai.tool_schemas import MAX_TOOLS, NamedToolChoice, ToolCallBody, ToolCallDeltaBody, ToolCallIn, ToolDef
 
 # Every limit of a request body is declared here, once: msgspec enforces it while decoding, and the OpenAPI
@@ -16,8 +17,6 @@ from web.openai.tool_schemas import MAX_TOOLS, NamedToolChoice, ToolCallBody, To
 # feature this server lacks: a value beyond its declared one is refused as unsupported_parameter.
 UNSUPPORTED: dict[str, Any] = {"unsupported": True}
 
-# model and user are kept in every history row: a longer one is refused, not stored.
-Name = Annotated[str, Meta(max_length=256)]
 # vLLM takes 5.0 for 5 (clients that compute a count send floats): an integral float is a count too, documented
 # as an integer (max_tokens_schema); web/openai/service.py turns it into the int.
 MaxTokens = Annotated[int, Meta(ge=1)] | Annotated[float, Meta(ge=1, multiple_of=1)]
@@ -25,10 +24,9 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Meta(ge=-2, le=2, description="OpenAI's: over the tokens generated so far")]
 # n choices run as n engine requests on one prompt: the bound keeps one request from taking a batch's seats.
 MAX_CHOICES = 8
-# The engine's range for top_k (and -1, vLLM's "off"): a schema-valid value is one the engine takes.
-TOP_K_MAX = 2**63 - 1
+# -1 is vLLM's "off".
 TopK = Annotated[int, Meta(ge=-1, le=TOP_K_MAX)]
-# OpenAI's logit_bias: token ids as decimal strings (web/openai/service.py checks them against the vocabulary).
+# OpenAI's logit_bias: token ids as decimal strings (web/generation/prompts.py checks them against the vocabulary).
 LogitBias = Annotated[
     dict[Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,11})$")], Annotated[float, Meta(ge=-100, le=100)]],
     Meta(max_length=300, description="token id (a decimal string below the vocabulary size) to a bias on its logit"),

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine import EngineStats
-from web.history.record import RequestLog
+from web.history.record import RequestLog, Status
 
 # vLLM's buckets, so dashboards built for vLLM read these unchanged.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -151,7 +151,7 @@ class Metrics:
 
     def observe_request(self, log: RequestLog) -> None:
         model = self.model
-        if log.status != "rejected":  # observe_rejected counts those, with their reason
+        if log.status != Status.REJECTED:  # observe_rejected counts those, with their reason
             self.statuses.labels(log.status).inc()
         if log.scheduled_mono is not None:
             wait = log.scheduled_mono - log.arrival_mono
@@ -161,9 +161,9 @@ class Metrics:
             self.ttft.labels(model).observe(log.first_token_mono - log.arrival_mono)
         if log.finished_mono is not None:
             self.e2e.labels(model).observe(log.finished_mono - log.arrival_mono)
-        if log.status == "finished":
+        if log.status == Status.FINISHED:
             self._observe_phases(model, log)
-        if log.status == "finished" and log.finish_reason:
+        if log.status == Status.FINISHED and log.finish_reason:
             self.success.labels(model, log.finish_reason).inc()
 
     def _observe_phases(self, model: str, log: RequestLog) -> None:
@@ -190,7 +190,7 @@ class Metrics:
 
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
-        self.statuses.labels("rejected").inc()
+        self.statuses.labels(Status.REJECTED).inc()
 
     def observe_db_error(self, operation: str) -> None:
         self.db_errors.labels(operation).inc()

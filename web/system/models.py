@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from engine import EngineConfig, EngineError, ModelInfo
+from engine import EngineConfig, EngineError, EngineState, ModelInfo
 from web.console.render import fmt_bytes
 from web.errors import AppError, NotFound
 from web.generation.gate import EngineGate
@@ -99,7 +99,7 @@ class ModelSwitch:
             return []
         # Shapes come from transformers (seconds at the first call): off the event loop.
         info, pool = self.gate.client.model_info, None
-        if info is not None and self.gate.client.state == "ready":
+        if info is not None and self.gate.client.state == EngineState.READY:
             pool = info.num_kv_blocks * info.kv_bytes_per_block  # what the engine holds, given back by a switch
         return await asyncio.to_thread(self.catalog.models, self.served_spec, pool)
 

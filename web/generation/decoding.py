@@ -1,19 +1,22 @@
-"""Request bodies decoded once with msgspec against the limits their schemas declare: a value beyond what a field
-marked UNSUPPORTED allows is unsupported_parameter, any other refusal invalid_request_error, both naming the
-field as the body spells it."""
+"""Request bodies of every dialect decoded once with msgspec against the limits their schemas declare: a value
+beyond what a field marked UNSUPPORTED allows is unsupported_parameter, any other refusal invalid_request_error."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
+from msgspec import Meta
 
 from web.errors import InvalidRequest, UnsupportedParameter, undecodable_body
-from web.openai.schemas import ChatCompletionRequest, CompletionRequest
 
 T = TypeVar("T")
+# model and user are kept in every history row: a longer one is refused, not stored.
+Name = Annotated[str, Meta(max_length=256)]
+# The engine's range for top_k: a schema-valid value is one the engine takes.
+TOP_K_MAX = 2**63 - 1
 _PATH = re.compile(r"at `\$\.?(.*)`$")
 _INDEX = re.compile(r"\[\d+\]")
 
@@ -69,7 +72,3 @@ class BodyDecoder(Generic[T]):
             if _INDEX.sub("", ".".join(parts[:n])) in self._unsupported:
                 return ".".join(parts[:n])
         return None
-
-
-decode_chat = BodyDecoder(ChatCompletionRequest)
-decode_completion = BodyDecoder(CompletionRequest)
