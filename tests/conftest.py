@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 # The real vLLM server (vllm_model, vllm_server) for any test of the suite.
 pytest_plugins = ["tests.peers.vllm"]
 
+TESTS = Path(__file__).resolve().parent
+# Folders whose every test starts real processes (servers, a browser, PostgreSQL, an install): `pytest -m "not
+# slow"` leaves them out of the edit loop; `make test` and CI run everything.
+SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness"})
+# Fixtures that are real processes: a test that takes one is slow wherever it lives.
+REAL_SERVERS = frozenset({"server", "served", "fleet", "vllm_model", "vllm_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in SLOW_FOLDERS or REAL_SERVERS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _scrypt_once_per_password() -> Iterator[None]:
