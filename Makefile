@@ -58,8 +58,10 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
+# Two workers (pytest-xdist): most of the suite waits on real servers, so the second core is not idle; a group
+# (tests/conftest.py) keeps each shared server on one worker. `pytest -m "not slow"` is the quick tier.
 pytest: sysdeps-test setup vllm-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup
 
 test: lint typecheck pytest
 

@@ -13,6 +13,14 @@ import pytest
 # directory are both under $XDG_DATA_HOME/llm-appliance.
 os.environ.setdefault("XDG_DATA_HOME", str(Path(__file__).resolve().parent.parent / "data" / "test-cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# What compiles must outlive the clone: CI runs `make test` from a fresh clone on the same machine, and vLLM's
+# first start compiles (torch inductor) for minutes on two cores; a warm cache halves the start (295 -> 132 s,
+# measured). Outside the repo so a new clone finds it; not /tmp (inductor's default), which a reboot empties.
+# The inductor cache is keyed by the graphs' code, not by paths; every process the tests start inherits it.
+os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+os.environ.setdefault("LLM_APPLIANCE_TEST_CACHE", os.path.join(os.environ["XDG_CACHE_HOME"], "llm-appliance-tests"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["LLM_APPLIANCE_TEST_CACHE"], "torchinductor"))
+os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(os.environ["LLM_APPLIANCE_TEST_CACHE"], "vllm"))
 
 from web.system import admin_auth  # after the environment above
 
@@ -21,6 +29,34 @@ if TYPE_CHECKING:
 
 # The real vLLM server (vllm_model, vllm_server) for any test of the suite.
 pytest_plugins = ["tests.peers.vllm"]
+
+TESTS = Path(__file__).resolve().parent
+# Folders whose every test starts real processes (servers, a browser, PostgreSQL, an install): `pytest -m "not
+# slow"` leaves them out of the edit loop; `make test` and CI run everything.
+SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness"})
+# Fixtures that are real processes: a test that takes one is slow wherever it lives.
+VLLM_FIXTURES = frozenset({"vllm_model", "vllm_server"})
+REAL_SERVERS = frozenset({"server", "served", "fleet"}) | VLLM_FIXTURES
+# Under pytest-xdist (`make test`: -n 2 --dist loadgroup) a group runs on one worker in file order. A module is a
+# group of its own by default: its tests share its module-scoped servers, and some run in order on them (one
+# drains a backend for good). vLLM's tests share one vLLM server (minutes of compiling when its cache is cold), the
+# browser's and PostgreSQL's folders their package's or session's server: each is started once, on one worker.
+SHARED_GROUPS = {"peers": "vllm", "browser": "browser", "postgres": "postgres"}
+VLLM_GROUP = "vllm"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder in SLOW_FOLDERS or REAL_SERVERS & fixtures:
+            item.add_marker(pytest.mark.slow)
+        group = VLLM_GROUP if VLLM_FIXTURES & fixtures else SHARED_GROUPS.get(folder, str(item.path.relative_to(TESTS)))
+        item.add_marker(pytest.mark.xdist_group(group))
+    # vLLM's group first: its chain (a cold compile, then two managed starts) is the longest, and the other worker
+    # takes everything else meanwhile. The sort is stable: every module keeps its order.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != VLLM_GROUP)  # type: ignore[union-attr]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,6 +8,7 @@ instead of adding to them, and "figures" is their sum over the cases.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -23,18 +24,21 @@ Number = int | float
 def record(suite: str, case: str, figures: Mapping[str, Number], directory: Path = FIGURES_DIR) -> None:
     """Set `case`'s figures in the suite's file (other cases are kept) and recompute the suite's totals."""
     path = directory / f"{suite}.json"
-    cases: dict[str, dict[str, Number]] = {}
-    if path.exists():
-        cases = json.loads(path.read_text()).get("cases", {})
-    cases[case] = {**cases.get(case, {}), **figures}
-    totals: dict[str, Number] = {}
-    for values in cases.values():
-        for name, value in values.items():
-            totals[name] = totals.get(name, 0) + value
     directory.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"suite": suite, "figures": totals, "cases": cases}, indent=2, sort_keys=True))
-    partial.replace(path)  # a reader never sees half a file
+    # pytest-xdist's workers write the same suite's file: the read, update and write happen under a lock.
+    with (directory / f".{suite}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cases: dict[str, dict[str, Number]] = {}
+        if path.exists():
+            cases = json.loads(path.read_text()).get("cases", {})
+        cases[case] = {**cases.get(case, {}), **figures}
+        totals: dict[str, Number] = {}
+        for values in cases.values():
+            for name, value in values.items():
+                totals[name] = totals.get(name, 0) + value
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"suite": suite, "figures": totals, "cases": cases}, indent=2, sort_keys=True))
+        partial.replace(path)  # a reader never sees half a file
 
 
 def load(directory: Path = FIGURES_DIR) -> list[tuple[str, dict[str, Number]]]:

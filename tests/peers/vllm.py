@@ -22,9 +22,10 @@ from tests.web.server import REPO, SHARED_MODEL_CACHE, free_port
 
 VLLM_ENV = REPO / "data" / "peers" / "vllm"
 VLLM_PYTHON = VLLM_ENV / "bin" / "python"
-# One compile cache for every vLLM the tests start, the appliance's managed one included: a start whose config
-# (model path, dtype, max_model_len) was compiled before skips the two minutes.
-VLLM_CACHE = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")).expanduser()
+# One cache for every vLLM the tests start, the appliance's managed one included (tests/conftest.py sets it and
+# TORCHINDUCTOR_CACHE_DIR, where the compiled kernels go, outside the clone): a start whose graphs were compiled
+# before skips the two minutes.
+VLLM_CACHE = Path(os.environ["VLLM_CACHE_ROOT"]).expanduser()
 SERVED_NAME = "smollm2-vllm"
 MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 64  # APPLIANCE_MAX_NUM_SEQS's default: the appliance's managed vLLM then reuses this compile
