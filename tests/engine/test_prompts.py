@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.client import AsyncEngineClient
 from engine.llm import LLM
-from web.openai.service import _encode
+from web.generation.prompts import _encode
 
 
 def bos_tokenizer() -> PreTrainedTokenizerFast:
