@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import EngineConfig
 from engine.cpu.decode_kernel import RowsBuilder, attention_kernel
+from engine.cpu.plan import cpu_plan, this_machine
 from engine.model.attention import DecodeGroup, _decode_attention
 from engine.model.attention_features import LayerFeatures, causal_mask, prefill_attention
 
@@ -57,7 +59,8 @@ def test_decode_paths_equal_the_dense_computation(name: str) -> None:
         slots = torch.tensor([tables[i][p // BLOCK] * BLOCK + p % BLOCK for p in range(n)])
         mask = causal_mask(n - 1, 1, n, f.window, CPU)
         want.append(dense(q[i].unsqueeze(1), k_cache[:, slots], v_cache[:, slots], mask, f)[0])
-    kernel = attention_kernel("compiled", CPU, torch.float32, HEAD_DIM, HEADS, KV_HEADS)
+    plan = cpu_plan(EngineConfig(decode_attention="compiled"), "cpu", "float32", "LlamaForCausalLM", this_machine())
+    kernel, _ = attention_kernel(plan, torch.float32, HEAD_DIM, HEADS, KV_HEADS)
     assert kernel is not None
     rows = RowsBuilder(BLOCK)
     for i, (table, n) in enumerate(zip(tables, LENS, strict=True)):
