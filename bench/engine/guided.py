@@ -46,6 +46,7 @@ class Timer:
     """Wall time spent in the wrapped calls since the last reset, in ms."""
 
     ms: float = 0.0
+    rows: int = 0  # constrained rows over the steps, counted by count_rows
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any) -> Any:
@@ -56,6 +57,14 @@ class Timer:
                 self.ms += (time.perf_counter() - t0) * 1000
 
         return timed
+
+    def count_rows(self, batch: Any, prepare: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any) -> Any:
+            result = prepare(*args)
+            self.rows += batch.rows
+            return result
+
+        return counted
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -94,11 +103,11 @@ def decoding_core(config: EngineConfig, loaded: LoadedModel, args: argparse.Name
     return core
 
 
-def measure(cores: dict[str, EngineCore], steps: int) -> dict[str, tuple[list[float], float]]:
-    """Per mix: the ms of each of `steps` decode steps and the ms of guided work in all of them. The mixes
-    take turns step by step, so a shared machine's noise falls on both alike."""
+def measure(cores: dict[str, EngineCore], steps: int) -> dict[str, tuple[list[float], Timer]]:
+    """Per mix: the ms of each of `steps` decode steps, and the guided work in all of them (ms and constrained
+    rows). The mixes take turns step by step, so a shared machine's noise falls on both alike."""
     timers = {name: Timer() for name in cores}
-    saved = {name: (core.guided.mask, core.guided.accept) for name, core in cores.items()}
+    saved = {name: (core.guided.mask, core.guided.accept, core.guided.prepare) for name, core in cores.items()}
     times: dict[str, list[float]] = {name: [] for name in cores}
     running = {name: len(core.scheduler.running) for name, core in cores.items()}
     try:
@@ -106,6 +115,7 @@ def measure(cores: dict[str, EngineCore], steps: int) -> dict[str, tuple[list[fl
             # The runner and the core share this object: wrapping its two calls times them wherever they are made.
             core.guided.mask = timers[name].wrap(core.guided.mask)  # type: ignore[method-assign]
             core.guided.accept = timers[name].wrap(core.guided.accept)  # type: ignore[method-assign]
+            core.guided.prepare = timers[name].count_rows(core.guided, core.guided.prepare)  # type: ignore[method-assign]
         for _ in range(steps):
             for name, core in cores.items():
                 t0 = time.perf_counter()
@@ -113,10 +123,10 @@ def measure(cores: dict[str, EngineCore], steps: int) -> dict[str, tuple[list[fl
                 times[name].append((time.perf_counter() - t0) * 1000)
     finally:
         for name, core in cores.items():
-            core.guided.mask, core.guided.accept = saved[name]  # type: ignore[method-assign]
+            core.guided.mask, core.guided.accept, core.guided.prepare = saved[name]  # type: ignore[method-assign]
     if any(len(core.scheduler.running) != running[name] for name, core in cores.items()):
         raise SystemExit("a request finished during the measurement: raise --rounds * --steps headroom")
-    return {name: (times[name], timers[name].ms) for name in cores}
+    return {name: (times[name], timers[name]) for name in cores}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         f"guided decoding, {args.model} on {args.device} ({args.cpu_threads} thread(s)), {args.running} requests "
         f"decoding, context {args.context}, {args.rounds * args.steps} steps of each mix, taking turns"
     )
-    for name, (times, guided_ms) in results.items():
+    for name, (times, guided) in results.items():
         print(
             f"{name:>16}: {statistics.median(times):7.2f} ms per step (median), guided work "
-            f"{guided_ms / len(times):5.2f} ms per step, {args.running * 1000 * len(times) / sum(times):7.1f} "
-            "output tokens/s"
+            f"{guided.ms / len(times):5.2f} ms per step on {guided.rows / len(times):.0f} constrained row(s), "
+            f"{args.running * 1000 * len(times) / sum(times):7.1f} output tokens/s"
         )
     plain, constrained = (results[name][0] for name in mixes)
     overhead = statistics.median(c - p for p, c in zip(plain, constrained, strict=True))

@@ -40,6 +40,11 @@ class GuidedBatch:
         """Any constrained request running: when not, a step does no guided work at all."""
         return bool(self._matchers)
 
+    @property
+    def rows(self) -> int:
+        """The constrained rows of the step prepare() was last given (what its guided work scales with)."""
+        return len(self._rows)
+
     def start(self, request_id: str, compiled: xgrammar.CompiledGrammar) -> None:
         if self._control is None:
             pieces = compiled.tokenizer_info.decoded_vocab
