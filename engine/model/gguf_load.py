@@ -8,11 +8,13 @@ holds them exactly: Q4_1 -> q4, Q8_0 and Q4_0 -> q8, Q4_K -> q4f, Q6_K -> q8f. E
 is dequantized a few rows at a time, then packed if some form holds it exactly, else kept as it is; so are all
 weights on other devices and dtypes. Each packed chunk is checked against gguf's own dequantization, which is what
 transformers' GGUF load computes. The pages of a tensor once read are handed back to the kernel, so the process
-holds the final weights, one tensor's transient and little of the file.
+holds the final weights, one tensor's transient and little of the file. The packed result is cached beside the
+config (its final form, never float32 whole), so later starts skip the repacking.
 """
 
 from __future__ import annotations
 
+import json
 import mmap
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +26,8 @@ import torch
 from accelerate import init_empty_weights
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import Q4_K, dequantize
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import (
@@ -46,6 +50,7 @@ Q = GGMLQuantizationType
 NATIVE = {Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q4_0: "q8", Q.Q4_K: "q4f", Q.Q6_K: "q8f"}
 # Processors that only rename and permute rows; the others (MoE splits, norm offsets) change values or shapes.
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)
+CACHE_NAME = "cpu-float32.safetensors"  # the weights in the engine's form on a CPU in float32
 CHUNK_BYTES = 64 << 20  # float32 bytes of one chunk of rows: the load's transient beyond the final weights
 
 
@@ -62,14 +67,17 @@ def load_gguf(
     """The model of `path` (its config and tokenizer already saved in config_dir), and how many linear layers took
     each packed form. compact: pack linear layers (a CPU in float32, the kernel built)."""
     hf_config = AutoConfig.from_pretrained(config_dir)
+    extra = {"attn_implementation": attn} if attn else {}
+    with init_empty_weights():  # parameters on the meta device; buffers (rotary frequencies) real
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **extra)
+    cached = config_dir / CACHE_NAME
+    if compact and cached.is_file():
+        return _checked(model, path, _from_cache(model, cached), device)
     reader = GGUFReader(path)
     arch = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=hf_config.to_dict())
     if type(processor) not in ROW_PROCESSORS:
         raise GGUFStreamUnsupported(f"{arch} GGUF tensors need {type(processor).__name__}")
-    extra = {"attn_implementation": attn} if attn else {}
-    with init_empty_weights():  # parameters on the meta device; buffers (rotary frequencies) real
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **extra)
     names = get_gguf_hf_weights_map(model, processor)
     tied_head = (
         compact and hf_config.get_text_config().tie_word_embeddings and model.get_output_embeddings() is not None
@@ -96,12 +104,49 @@ def load_gguf(
             packed.append((module_name, *found))
         _release(reader, tensor)
     counts = _replace(model, packed)
-    if not compact:
+    if compact:
+        _save_cache(model, cached)
+    else:
         model.tie_weights()
+    return _checked(model, path, counts, device)
+
+
+def _checked(
+    model: PreTrainedModel, path: Path, counts: Counter[str], device: torch.device
+) -> tuple[PreTrainedModel, Counter[str]]:
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{path.name} holds no tensor for {', '.join(missing[:5])}")
-    return model.to(device), counts
+    nn.Module.to(model, device)  # in place; transformers' own .to() is typed for dtypes only
+    return model, counts
+
+
+def _save_cache(model: nn.Module, cached: Path) -> None:
+    """The weights as loaded (packed bytes, float32 rest) beside the config: a later start reads them in a second
+    instead of repacking the GGUF. Written under another name and renamed, so a cut save leaves no cache."""
+    tensors: dict[str, torch.Tensor] = {}
+    forms: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PackedLinear):
+            forms[name] = module.form
+            tensors[f"{name}.packed"] = module.packed
+            if module.bias is not None:
+                tensors[f"{name}.bias"] = module.bias
+    tensors |= {name: p.detach() for name, p in model.named_parameters()}
+    partial = cached.with_suffix(".partial")
+    save_file(tensors, partial, metadata={"forms": json.dumps(forms)})
+    partial.replace(cached)
+
+
+def _from_cache(model: nn.Module, cached: Path) -> Counter[str]:
+    with safe_open(cached, framework="pt") as file:
+        forms = json.loads(file.metadata()["forms"])
+        tensors = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118 - safe_open is no mapping
+    for key, value in tensors.items():
+        module_name, attr = key.rsplit(".", 1)
+        if attr != "packed":  # a packed layer's bias goes on its nn.Linear first, which PackedLinear takes over
+            setattr(model.get_submodule(module_name), attr, nn.Parameter(value, requires_grad=False))
+    return _replace(model, [(name, form, tensors[f"{name}.packed"]) for name, form in forms.items()])
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:

