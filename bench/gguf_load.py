@@ -87,16 +87,18 @@ def write_random_llama(path: Path, shape: tuple[int, int, int, int, int], types:
     writer.close()
 
 
-# Each path in a fresh process: ru_maxrss is the process's peak, the imports' share measured first.
+# Each path in a fresh process: its peak RSS (VmHWM), the imports' share measured first.
 RUN = """
-import json, resource, sys, time
+import json, re, sys, time
 from pathlib import Path
 import torch
 from engine.config import EngineConfig
 from engine.cpu.packed_linear import pack_linears
 from engine.model import loader
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec.
+hwm = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 gguf, cache, path = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = hwm()
 started = time.perf_counter()
 if path == "old":
     source = loader._converted_gguf(gguf, cache, lambda _: None)
@@ -107,7 +109,7 @@ else:
     config = EngineConfig(model=str(gguf), cache_dir=str(cache), quantization="none", dtype="float32", device="cpu")
     weights = loader.load_model(config).weights_bytes
 print(json.dumps({"seconds": time.perf_counter() - started, "before": before, "weights": weights,
-                  "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak": hwm()}))
 """
 
 

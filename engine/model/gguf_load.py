@@ -51,6 +51,7 @@ NATIVE = {Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q4_0: "q8", Q.Q4_K: "q4f", Q.Q6_K: "q8f"
 # Processors that only rename and permute rows; the others (MoE splits, norm offsets) change values or shapes.
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)
 CACHE_NAME = "cpu-float32.safetensors"  # the weights in the engine's form on a CPU in float32
+CACHE_FORMAT = "1"  # bumped when a packed form's layout changes: an older cache is then rebuilt from the GGUF
 CHUNK_BYTES = 64 << 20  # float32 bytes of one chunk of rows: the load's transient beyond the final weights
 
 
@@ -71,8 +72,8 @@ def load_gguf(
     with init_empty_weights():  # parameters on the meta device; buffers (rotary frequencies) real
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **extra)
     cached = config_dir / CACHE_NAME
-    if compact and cached.is_file():
-        return _checked(model, path, _from_cache(model, cached), device)
+    if compact and cached.is_file() and (counts := _from_cache(model, cached)) is not None:
+        return _checked(model, path, counts, device)
     reader = GGUFReader(path)
     arch = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=hf_config.to_dict())
@@ -134,12 +135,14 @@ def _save_cache(model: nn.Module, cached: Path) -> None:
                 tensors[f"{name}.bias"] = module.bias
     tensors |= {name: p.detach() for name, p in model.named_parameters()}
     partial = cached.with_suffix(".partial")
-    save_file(tensors, partial, metadata={"forms": json.dumps(forms)})
+    save_file(tensors, partial, metadata={"forms": json.dumps(forms), "format": CACHE_FORMAT})
     partial.replace(cached)
 
 
-def _from_cache(model: nn.Module, cached: Path) -> Counter[str]:
+def _from_cache(model: nn.Module, cached: Path) -> Counter[str] | None:
     with safe_open(cached, framework="pt") as file:
+        if file.metadata().get("format") != CACHE_FORMAT:
+            return None
         forms = json.loads(file.metadata()["forms"])
         tensors = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118 - safe_open is no mapping
     for key, value in tensors.items():

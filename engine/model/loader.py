@@ -1,7 +1,8 @@
 """Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the engine's sizes.
 
 Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, random:<preset>.
-A GGUF is converted once into a safetensors cache directory; every later start loads that directory.
+A GGUF is loaded tensor by tensor (engine.model.gguf_load), its config, tokenizer and packed weights cached; only
+bitsandbytes quantization (and vLLM) still take the whole-file conversion into a float32 safetensors directory.
 """
 
 from __future__ import annotations

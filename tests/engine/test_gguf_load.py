@@ -35,16 +35,18 @@ def block_type(name: str) -> GGMLQuantizationType:
 
 
 ENGINE_RUN = """
-import json, resource, sys
+import json, re, sys
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
 from tests.engine.test_equivalence import run
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec.
+hwm = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+before = hwm()
 messages = []
 config = EngineConfig(model=sys.argv[1], cache_dir=sys.argv[2], quantization="none", dtype="float32", device="cpu",
                       num_kv_blocks=16)
 core = EngineCore(config, progress=messages.append)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = hwm()
 prompt = core.loaded.tokenizer(sys.argv[3])["input_ids"]
 params = SamplingParams(max_tokens=int(sys.argv[4]), temperature=0.0, ignore_eos=True)
 tokens = run(core, iter([[("r", prompt, params)]]))["r"]
