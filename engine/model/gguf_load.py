@@ -27,7 +27,6 @@ from accelerate import init_empty_weights
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import Q4_K, dequantize
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import (
@@ -52,6 +51,7 @@ NATIVE = {Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q4_0: "q8", Q.Q4_K: "q4f", Q.Q6_K: "q8f"
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)
 CACHE_NAME = "cpu-float32.safetensors"  # the weights in the engine's form on a CPU in float32
 CACHE_FORMAT = "1"  # bumped when a packed form's layout changes: an older cache is then rebuilt from the GGUF
+SAFETENSORS_TYPES = {torch.float32: "F32", torch.uint8: "U8", torch.float16: "F16", torch.bfloat16: "BF16"}
 CHUNK_BYTES = 64 << 20  # float32 bytes of one chunk of rows: the load's transient beyond the final weights
 
 
@@ -135,8 +135,28 @@ def _save_cache(model: nn.Module, cached: Path) -> None:
                 tensors[f"{name}.bias"] = module.bias
     tensors |= {name: p.detach() for name, p in model.named_parameters()}
     partial = cached.with_suffix(".partial")
-    save_file(tensors, partial, metadata={"forms": json.dumps(forms), "format": CACHE_FORMAT})
+    _write_safetensors(partial, tensors, {"forms": json.dumps(forms), "format": CACHE_FORMAT})
     partial.replace(cached)
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """The safetensors layout written tensor by tensor: safetensors' own save_file builds the whole file in memory
+    first, which would double the weights at the end of the load."""
+    header: dict[str, object] = {"__metadata__": metadata}
+    at = 0
+    for name, t in tensors.items():
+        header[name] = {
+            "dtype": SAFETENSORS_TYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [at, at + t.nbytes],
+        }
+        at += t.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the format pads its header to 8 bytes with spaces
+    with path.open("wb") as file:
+        file.write(len(text).to_bytes(8, "little") + text)
+        for t in tensors.values():
+            file.write(t.contiguous().view(torch.uint8).numpy().data)
 
 
 def _from_cache(model: nn.Module, cached: Path) -> Counter[str] | None:
