@@ -52,7 +52,7 @@ ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)
 CACHE_NAME = "cpu-float32.safetensors"  # the weights in the engine's form on a CPU in float32
 CACHE_FORMAT = "1"  # bumped when a packed form's layout changes: an older cache is then rebuilt from the GGUF
 SAFETENSORS_TYPES = {torch.float32: "F32", torch.uint8: "U8", torch.float16: "F16", torch.bfloat16: "BF16"}
-CHUNK_BYTES = 16 << 20  # float32 bytes of one chunk of rows; larger chunks left more freed heap behind (1b: +460 MiB at 64)
+CHUNK_BYTES = 16 << 20  # float32 bytes of a chunk of rows; 64 MiB ones left more freed heap behind (1b: +460 MiB)
 
 
 class GGUFStreamUnsupported(ValueError):
