@@ -25,6 +25,7 @@ class GGUFHeader:
     values: dict[str, int | float | bool | str]  # scalar and string metadata
     array_lengths: dict[str, int]  # array metadata: only how many elements
     tensor_names: frozenset[str]
+    tensors: dict[str, tuple[int, tuple[int, ...]]]  # name -> (ggml type, dimensions, innermost first)
 
 
 class _Cursor:
@@ -89,9 +90,10 @@ def read_header(path: Path) -> GGUFHeader:
                 values[key] = cursor.unpack(_SCALARS[kind])
             else:
                 raise GGUFHeaderError(f"{path.name}: unknown GGUF value type {kind} for {key}")
-        names = set()
+        tensors = {}
         for _ in range(tensor_count):
-            names.add(cursor.string())
-            dims = int(cursor.unpack("<I"))
-            cursor.at += 8 * dims + 4 + 8  # the dimensions, the tensor type, the data offset
-        return GGUFHeader(values, lengths, frozenset(names))
+            name = cursor.string()
+            dims = tuple(int(cursor.unpack("<Q")) for _ in range(int(cursor.unpack("<I"))))
+            tensors[name] = (int(cursor.unpack("<I")), dims)
+            cursor.at += 8  # the data offset
+        return GGUFHeader(values, lengths, frozenset(tensors), tensors)

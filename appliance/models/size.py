@@ -6,6 +6,7 @@ from those tensors; a GGUF's is read from its header (no conversion), with Llama
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -26,6 +27,18 @@ if TYPE_CHECKING:
 QUANTIZED_BYTES_PER_PARAM = {"nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
 PRESET_VOCAB = 49152  # the random presets use the bundled model's tokenizer
 CUDA_OVERHEAD_BYTES = 1 << 30  # CUDA context, allocator slack and one forward's activations, roughly
+# A GGUF's linear weights on a CPU in float32 (engine/model/gguf_load.py): bytes per weight of the packed form each
+# block type becomes (engine/cpu/packed_linear.py; per 512 weights, scales + codes): Q4_1 -> q4, Q8_0 and Q4_0 -> q8,
+# Q4_K -> q4f, Q6_K -> q8f. Other types are dequantized to float32.
+PACKED_BYTES_PER_WEIGHT = {3: (64 + 256) / 512, 8: (32 + 512) / 512, 2: (32 + 512) / 512, 12: 0.75, 14: 1.25}
+# The tensor-by-tensor load's peak beyond its final weights: the GGUF's vocabulary parsed (config and tokenizer, then
+# the reader), a chunk of rows in flight, and, for a type no form holds, its float32 tensor and the exact-packing
+# search's temporaries (about three of it); with the process's own imports. `python -m bench.gguf_load --shape 1b`:
+# peak 2,167 MiB for 1,268 MiB of weights (253 of it the imports).
+STREAM_LOAD_BYTES = 1 << 30
+FALLBACK_COPIES = 3
+# The whole-file conversion (what bitsandbytes quantization still needs): the float32 model, and its copy as saved.
+CONVERSION_COPIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +49,8 @@ class Shape:
     kv_heads: int
     head_dim: int
     context: int
+    cpu_float32_bytes: int | None = None  # a GGUF's weights as the engine keeps them on a CPU in float32
+    largest_fallback: int = 0  # a GGUF's largest linear weight no packed form holds, as float32 bytes
 
     def weights_bytes(self, quantization: str, dtype_bytes: int) -> int:
         per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
@@ -134,6 +149,17 @@ def _from_gguf(path: Path) -> Shape:
     linear = layers * (attention + 3 * hidden * int(field(f"{arch}.feed_forward_length")))
     tied = "output.weight" not in header.tensor_names
     embeddings = header.array_lengths.get("tokenizer.ggml.tokens", 0) * hidden * (1 if tied else 2)
+    compact, fallback = 0, 0
+    for name, (kind, dims) in header.tensors.items():
+        count = math.prod(dims)
+        packed = PACKED_BYTES_PER_WEIGHT.get(kind) if len(dims) == 2 else None
+        if name == "token_embd.weight":  # the embedding stays float32; a tied head is packed from it
+            compact += 4 * count + (int((packed or 4) * count) if tied else 0)
+        elif packed is None:
+            compact += 4 * count
+            fallback = max(fallback, 4 * count if len(dims) == 2 else 0)
+        else:
+            compact += int(packed * count)
     return Shape(
         params=linear + embeddings,
         linear_params=linear,
@@ -141,6 +167,8 @@ def _from_gguf(path: Path) -> Shape:
         kv_heads=kv_heads,
         head_dim=head_dim,
         context=int(field(f"{arch}.context_length")),
+        cpu_float32_bytes=compact,
+        largest_fallback=fallback,
     )
 
 
@@ -150,6 +178,7 @@ class MemoryNeed:
     kv_per_token: int
     context: int  # tokens one full-length sequence holds
     overhead: int
+    load_peak: int  # host memory while the weights load: for a GGUF, more than the weights it leaves
 
     @property
     def minimum(self) -> int:
@@ -159,11 +188,20 @@ class MemoryNeed:
 
 def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len: int | None, gpu: bool) -> MemoryNeed:
     context = min(shape.context, max_model_len) if max_model_len else shape.context
+    weights = shape.weights_bytes(quantization, dtype_bytes)
+    peak = weights
+    if shape.cpu_float32_bytes is not None and quantization == "none":
+        if not gpu and dtype_bytes == 4:
+            weights = shape.cpu_float32_bytes
+        peak = weights + STREAM_LOAD_BYTES + FALLBACK_COPIES * shape.largest_fallback
+    elif shape.cpu_float32_bytes is not None:
+        peak = CONVERSION_COPIES * shape.weights_bytes("none", 4)
     return MemoryNeed(
-        weights=shape.weights_bytes(quantization, dtype_bytes),
+        weights=weights,
         kv_per_token=shape.kv_bytes_per_token(dtype_bytes),
         context=context,
         overhead=CUDA_OVERHEAD_BYTES if gpu else 0,
+        load_peak=peak,
     )
 
 
@@ -228,7 +266,7 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
         room = True
     else:
         kv_budget = settings.kv_cache_bytes
-        room = need.weights + kv_budget <= available
+        room = max(need.weights + kv_budget, need.load_peak) <= available
     chats = max(kv_budget, 0) // kv_per_chat if kv_per_chat else 0
     return Fit(
         fits=room and chats >= 1,
@@ -239,4 +277,5 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
         chats=chats,
         chat_tokens=chat_tokens,
         precision=f"{on.quantization}, {on.dtype}",
+        load_peak=need.load_peak if not on.gpu else 0,
     )

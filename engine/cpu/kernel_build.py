@@ -3,7 +3,8 @@
 
 engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16,
 else float), so every inner loop has constant bounds and vectorises whole; engine/cpu/csrc/packed_linear.c once per
-weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16); engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
+weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F,
+-DFORM_BF16); engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
 directory that is removed once it is loaded (a loaded library stays mapped); a build takes well under a second.
 """
 
@@ -25,7 +26,7 @@ from engine.errors import EngineError
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "paged_decode.c"
 LINEAR_SOURCE = CSRC / "packed_linear.c"
-LINEAR_FORMS = ("q4", "q8", "bf16")
+LINEAR_FORMS = ("q4", "q8", "q4f", "q8f", "bf16")
 LAYER_SOURCE = CSRC / "layer_ops.c"
 ELEMENTS = ("float32", "bfloat16")
 MAX_HEAD_DIM, MAX_GROUP = 256, 32

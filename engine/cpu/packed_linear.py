@@ -24,12 +24,15 @@ from torch import nn
 
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 
-__all__ = ["PackedLinear", "pack_exactly", "pack_linears"]
+__all__ = ["FORMS", "PackedLinear", "pack_blocks", "pack_exactly", "pack_linears"]
 
 log = logging.getLogger("engine.cpu.packed_linear")
 
 PANEL = 16  # output features per panel (the kernel's register tile is 16 wide)
 BLOCK = 32  # weights sharing one scale (and offset), along the input features
+# Scales per BLOCK inputs, their element type, and whether an offset follows (engine/cpu/csrc/packed_linear.c).
+FORMS = {"q4": (1, torch.float16, True), "q8": (1, torch.float16, False), "q4f": (1, torch.float32, True)}
+FORMS["q8f"] = (2, torch.float32, False)
 
 
 class PackedLinear(nn.Module):
@@ -116,14 +119,33 @@ def _rows_padded(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(extra, w.shape[1])]) if extra else w
 
 
-def _halves(values: torch.Tensor) -> torch.Tensor:
-    """[panels, blocks, 16] float32 (each exactly a float16) -> [panels, blocks, 32] bytes."""
-    return values.half().contiguous().view(torch.uint8)
+def pack_blocks(
+    form: str, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A weight given as its blocks, packed in `form` (FORMS): w = scale * code (+ offset) per block along the
+    inputs. codes [out, in]: uint8 0..15 (q4, q4f) or int8; scales [out, in / 32 * per block]; offsets like scales
+    (q4, q4f). Values must be exact in the form's scale type; outputs are padded with zero rows to a multiple of 16."""
+    per_block, scale_type, with_offset = FORMS[form]
+    blocks = codes.shape[1] // BLOCK
+    panels = (codes.shape[0] + PANEL - 1) // PANEL
+    parts = [_scale_bytes(scales, scale_type, per_block)]
+    if with_offset:
+        assert offsets is not None
+        parts.append(_scale_bytes(offsets, scale_type, per_block))
+    q = _rows_padded(codes).view(panels, PANEL, blocks, BLOCK).permute(0, 2, 3, 1)  # [panels, blocks, k, 16]
+    if codes.dtype == torch.int8:
+        parts.append(q.contiguous().view(torch.uint8).view(panels, blocks, BLOCK * PANEL))
+    else:
+        parts.append((q[..., :8] | (q[..., 8:] << 4)).contiguous().view(panels, blocks, BLOCK * PANEL // 2))
+    return torch.cat(parts, -1).contiguous().view(-1)
 
 
-def _by_panel(t: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[padded outputs, blocks] -> [panels, blocks, 16]."""
-    return t.view(-1, PANEL, blocks).permute(0, 2, 1)
+def _scale_bytes(values: torch.Tensor, scale_type: torch.dtype, per_block: int) -> torch.Tensor:
+    """[outputs, blocks * per_block] -> [panels, blocks, per_block * 16 scales as bytes], panel-major."""
+    padded = _rows_padded(values.to(scale_type))
+    blocks = padded.shape[1] // per_block
+    by_panel = padded.view(-1, PANEL, blocks, per_block).permute(0, 2, 3, 1).contiguous()
+    return by_panel.view(torch.uint8).view(by_panel.shape[0], blocks, -1)
 
 
 def _pack_q4(w: torch.Tensor) -> torch.Tensor | None:
@@ -152,10 +174,7 @@ def _pack_q4(w: torch.Tensor) -> torch.Tensor | None:
             break
     else:
         return None
-    q = codes.view(-1, PANEL, blocks, BLOCK).permute(0, 2, 3, 1)  # [panels, blocks, k, 16 outputs]
-    nibbles = (q[..., :8] | (q[..., 8:] << 4)).contiguous().view(q.shape[0], blocks, BLOCK * PANEL // 2)
-    parts = [_halves(_by_panel(scale, blocks)), _halves(_by_panel(low, blocks)), nibbles]
-    return torch.cat(parts, -1).contiguous().view(-1)
+    return pack_blocks("q4", codes.view(-1, blocks * BLOCK), scale, low)
 
 
 def _pack_q8(w: torch.Tensor) -> torch.Tensor | None:
@@ -169,9 +188,7 @@ def _pack_q8(w: torch.Tensor) -> torch.Tensor | None:
     q = torch.round(wb / torch.where(d > 0, d, 1.0)[..., None])
     if float(q.abs().max()) > 127 or not torch.equal(d[..., None] * q, wb):
         return None
-    codes = q.to(torch.int8).view(-1, PANEL, blocks, BLOCK).permute(0, 2, 3, 1).contiguous()
-    codes = codes.view(torch.uint8).view(codes.shape[0], blocks, BLOCK * PANEL)
-    return torch.cat([_halves(_by_panel(d, blocks)), codes], -1).contiguous().view(-1)
+    return pack_blocks("q8", q.to(torch.int8).view(-1, blocks * BLOCK), d)
 
 
 def _pack_bf16(w: torch.Tensor) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 """Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the engine's sizes.
 
 Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, random:<preset>.
-A GGUF is converted once into a safetensors cache directory; every later start loads that directory.
+A GGUF is loaded tensor by tensor (engine.model.gguf_load), its config, tokenizer and packed weights cached; only
+bitsandbytes quantization (and vLLM) still take the whole-file conversion into a float32 safetensors directory.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from engine.config import EngineConfig
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
+from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 from engine.cpu.packed_linear import pack_linears
 from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
 from engine.cpu.prepack import onednn_bf16, prepack_linears
 from engine.errors import ModelLoadError
+from engine.model.gguf_load import GGUFStreamUnsupported, load_gguf
 from engine.model.load_progress import bars_as_lines, heartbeat
 from engine.model.presets import PRESETS, build_random_model, get_preset
 from engine.model.sources import RANDOM_PREFIX, default_model_path
@@ -106,9 +109,14 @@ def load_model(
         hardware = "CUDA" if device.type == "cuda" else f"CPU flags: {describe(cpu_flags())}"
         chosen = f"quantization {config.quantization}, compute dtype {str(dtype).removeprefix('torch.')}"
         report(f"auto choices on {device}: {chosen} ({hardware})")
+    streamed: Counter[str] = Counter()  # linear layers packed from a GGUF's own blocks, by form
+    gguf = _gguf_path(config.model)
     if config.model.startswith(RANDOM_PREFIX):
         name = config.model
         model, source_dir = _random_model(config, device, dtype, attn_implementation, report)
+    elif gguf is not None and config.quantization == "none":
+        name = _GGUF_QUANT_TAG.sub("", gguf.stem)
+        model, source_dir, streamed = _streamed_gguf(gguf, config, device, dtype, attn_implementation, report)
     else:
         source_dir, name = _checkpoint_dir(config.model, config.model_cache_dir, report)
         model = _from_pretrained(source_dir, config.quantization, device, dtype, attn_implementation, report)
@@ -123,7 +131,7 @@ def load_model(
             report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
     if plan.linears.choice is Linears.COMPACT:
         with _step("packing the linear layers' weights"):
-            plan = _compacted(plan, pack_linears(model), report)
+            plan = _compacted(plan, streamed + pack_linears(model), report)
     with _step(f"reading the shape of {name}"):
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -217,6 +225,46 @@ def _converted_gguf(gguf: Path, cache_root: Path, report: Progress) -> Path:
         with heartbeat(report, "converting the tokenizer from the GGUF"):
             AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
     return target
+
+
+def _gguf_path(spec: str) -> Path | None:
+    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
+def _streamed_gguf(
+    gguf: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype, attn: str | None, report: Progress
+) -> tuple[PreTrainedModel, Path, Counter[str]]:
+    """The GGUF loaded tensor by tensor (engine.model.gguf_load); only its config and tokenizer are cached, in
+    gguf-config/ (a folder vLLM and the benchmarks do not take for a converted model)."""
+    config_dir = _gguf_cache_dir(gguf, config.model_cache_dir / "gguf-config")
+    if not _is_complete(config_dir):
+        report(f"reading the config and tokenizer from the GGUF (once, into {config_dir}) …")
+        with (
+            _step(f"reading {gguf}'s metadata"),
+            _staging_dir(config_dir) as staging,
+            heartbeat(report, "reading the GGUF's config and tokenizer"),
+        ):
+            AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+    linears = cpu_plan(config, device.type, _name(dtype), None, this_machine(onednn_bf16())).linears
+    compact = linears.choice is Linears.COMPACT
+    try:
+        compact = compact and bool(build_packed_linear("q4"))
+    except KernelBuildError as exc:
+        report(f"linear layers stay torch's: the packed kernel is unavailable ({exc})")
+        compact = False
+    report(f"loading {gguf.name} tensor by tensor …")
+    try:
+        with _step(f"loading {gguf}"), heartbeat(report, "loading the GGUF's tensors"):
+            model, forms = load_gguf(gguf, config_dir, device, dtype, compact, attn)
+    except ModelLoadError as exc:
+        if not isinstance(exc.__cause__, GGUFStreamUnsupported):
+            raise
+        report(f"{exc.__cause__}: converting the whole file instead")
+        source_dir = _converted_gguf(gguf, config.model_cache_dir, report)
+        return _from_pretrained(source_dir, "none", device, dtype, attn, report), source_dir, Counter()
+    return model, config_dir, forms
 
 
 def _is_complete(cache_entry: Path) -> bool:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from appliance.models.gguf_header import read_header
-from appliance.models.size import memory_need, model_shape
+from appliance.models.size import Machine, fit, memory_need, model_shape
+from appliance.settings import load_settings
 from engine.model.sources import default_model_path
 
 GIB = 1 << 30
@@ -70,3 +72,55 @@ def test_a_cut_or_foreign_gguf_cannot_be_estimated(tmp_path: Path) -> None:
     foreign.write_bytes(b"not a gguf at all")
     with pytest.raises(ValueError, match="not a GGUF file"):
         model_shape(str(foreign))
+
+
+def q4_k_m_8b_header(path: Path) -> None:
+    """Llama-3.1-8B as a Q4_K_M file lays it out (Q6_K for the output and half the attn_v and ffn_down), the
+    header only: the estimate reads nothing else."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    hidden, ffn, kv, vocab = 4096, 14336, 1024, 128256
+    writer = GGUFWriter(path, "llama")
+    writer.add_context_length(131072)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(32)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(32)
+    writer.add_head_count_kv(8)
+    writer.add_token_list(["t"] * vocab)
+    tensors = {"token_embd.weight": (vocab, hidden), "output.weight": (vocab, hidden)}
+    for layer in range(32):
+        parts = {"attn_q": hidden, "attn_k": kv, "attn_v": kv, "attn_output": hidden, "ffn_gate": ffn, "ffn_up": ffn}
+        tensors |= {f"blk.{layer}.{part}.weight": (rows, hidden) for part, rows in parts.items()}
+        tensors[f"blk.{layer}.ffn_down.weight"] = (hidden, ffn)
+    for name, (rows, columns) in tensors.items():
+        more_bits = name == "output.weight" or (
+            ("attn_v" in name or "ffn_down" in name) and int(name[4:6].strip(".")) % 2 == 0
+        )
+        kind = GGMLQuantizationType.Q6_K if more_bits else GGMLQuantizationType.Q4_K
+        block, size = GGML_QUANT_SIZES[kind]
+        writer.add_tensor_info(
+            name, (rows, columns // block * size), np.dtype(np.uint8), rows * columns // block * size, kind
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+
+
+def test_an_8b_q4_k_m_gguf_loads_on_a_cpu_within_1_3_times_its_packed_weights(tmp_path: Path) -> None:
+    path = tmp_path / "llama-8b.Q4_K_M.gguf"
+    q4_k_m_8b_header(path)
+    shape = model_shape(str(path))
+    need = memory_need(shape, "none", 4, max_model_len=8192, gpu=False)
+    # The float32 embedding (1.96 GiB) and the linear layers in their blocks' packed forms (q4f, q8f).
+    assert need.weights / GIB == pytest.approx(7.9, rel=0.03)
+    assert need.load_peak <= 1.3 * need.weights
+    # bitsandbytes still goes through the whole float32 conversion, and its peak says so.
+    assert memory_need(shape, "nf4", 4, max_model_len=8192, gpu=False).load_peak / GIB > 50
+    settings = load_settings({"APPLIANCE_DATA_DIR": str(tmp_path)})
+    fits = fit(shape, settings, Machine(False, 20 * GIB, "none", "float32"))
+    assert fits.fits and fits.load_peak == need.load_peak
+    refused = fit(shape, settings, Machine(False, 20 * GIB, "nf4", "float32"))
+    assert not refused.fits and "GiB while loading" in refused.summary

@@ -41,10 +41,10 @@ def load(
 
 @pytest.fixture(scope="session")
 def default_model(cache_dir: Path) -> LoadedModel:
-    """The first load converts the bundled GGUF; every other test reuses the cache it leaves."""
+    """The first load reads the bundled GGUF tensor by tensor and caches its config and tokenizer."""
     messages: list[str] = []
     loaded = load(cache_dir, messages, model="default")
-    assert any("converting GGUF" in message for message in messages)
+    assert any("tensor by tensor" in message for message in messages)
     assert "linear layers' weights, by the form that holds them exactly: q4 210, q8 1" in messages
     return loaded
 
@@ -77,8 +77,10 @@ def test_second_load_uses_the_cache(default_model: LoadedModel, cache_dir: Path,
 
 
 def test_hf_directory_loads_with_served_name(default_model: LoadedModel, cache_dir: Path) -> None:
-    loaded = load(cache_dir, model=str(default_model.source_dir), served_model_name="smol")
-    assert loaded.name == "smol" and loaded.source_dir == default_model.source_dir
+    # The whole-file float32 conversion (still what bitsandbytes and vLLM load) gives the streamed load's weights.
+    converted = loader._converted_gguf(default_model_path(), cache_dir, lambda _: None)
+    loaded = load(cache_dir, model=str(converted), served_model_name="smol")
+    assert loaded.name == "smol" and loaded.source_dir == converted
     embeddings = (m.model.model.embed_tokens.weight for m in (loaded, default_model))
     assert torch.equal(*embeddings)
     assert torch.equal(loaded.model.lm_head.packed, default_model.model.lm_head.packed)  # the tied head, packed
@@ -147,9 +149,9 @@ def test_unknown_sources_fail_clearly(cache_dir: Path, model: str, expected: str
 def test_corrupt_gguf_and_non_decoder_dirs_fail_clearly(tmp_path: Path, cache_dir: Path) -> None:
     corrupt = tmp_path / "broken.gguf"
     corrupt.write_bytes(b"GGUF" + b"\0" * 64)
-    with pytest.raises(ModelLoadError, match=r"converting .*broken\.gguf"):
+    with pytest.raises(ModelLoadError, match=r"reading .*broken\.gguf"):
         load(cache_dir, model=str(corrupt))
-    assert not list(cache_dir.glob(".broken*"))  # the cut conversion left no staging directory
+    assert not list(cache_dir.glob("**/.broken*"))  # the cut conversion left no staging directory
     AutoConfig.for_model("t5").save_pretrained(tmp_path / "t5")
     with pytest.raises(ModelLoadError, match="decoder-only"):
         load(cache_dir, model=str(tmp_path / "t5"))

@@ -14,7 +14,7 @@ from torch import nn
 from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
-from engine.cpu.packed_linear import PackedLinear, pack_exactly, pack_linears
+from engine.cpu.packed_linear import PackedLinear, pack_blocks, pack_exactly, pack_linears
 from tests.engine.test_equivalence import reference, run
 
 try:
@@ -180,3 +180,26 @@ def test_the_engine_gives_float32_weights_greedy_tokens_with_packed_ones() -> No
     requests = [(f"p{i}", p, params) for i, p in enumerate(prompts)]
     got = run(core, iter([requests[:2], requests[2:]]))
     assert got == {"p" + rid[1:]: tokens for rid, tokens in expected.items()}
+
+
+@pytest.mark.parametrize("form", ["q4f", "q8f"])
+def test_float32_scale_forms_multiply_their_blocks_as_torch_does(form: str) -> None:
+    """q4f (GGUF's Q4_K: d * sc and dmin * m exact in float32, not float16) and q8f (Q6_K: a scale per 16
+    weights) from their blocks, as engine/model/gguf_load.py packs them: torch's products on the widened weights
+    (summed in another order), 50 outputs (a partial panel) by 576 inputs."""
+    g = torch.Generator().manual_seed(3)
+    out, inp = 50, 576
+    if form == "q4f":
+        codes = torch.randint(0, 16, (out, inp), generator=g, dtype=torch.uint8)
+        scales = (torch.rand(out, inp // 32, generator=g) * 0.01).half().float() * 53
+        offsets = -(torch.rand(out, inp // 32, generator=g) * 0.01).half().float() * 37
+        weight = (codes.float().view(out, -1, 32) * scales[..., None] + offsets[..., None]).view(out, inp)
+    else:
+        codes = torch.randint(-32, 32, (out, inp), generator=g, dtype=torch.int8)
+        scales = (torch.rand(out, inp // 16, generator=g) * 0.001).half().float() * -101
+        offsets = None
+        weight = (codes.float().view(out, -1, 16) * scales[..., None]).view(out, inp)
+    linear = nn.Linear(inp, out, bias=True)
+    layer = PackedLinear(linear, form, pack_blocks(form, codes, scales, offsets), build_packed_linear(form)[0])
+    x = torch.randn(7, inp, generator=g)
+    torch.testing.assert_close(layer(x), x @ weight.T + linear.bias, rtol=1e-4, atol=1e-4)

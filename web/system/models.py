@@ -34,6 +34,7 @@ class Fit:
     chats: int
     chat_tokens: int
     precision: str  # quantization and compute dtype, as configured ("nf4, bfloat16")
+    load_peak: int = 0  # RAM while the weights load, where it exceeds weights + KV (a GGUF's conversion)
 
     @property
     def summary(self) -> str:
@@ -41,6 +42,8 @@ class Fit:
             f"weights {fmt_bytes(self.weights)} + KV for {self.chats:,} chat{'' if self.chats == 1 else 's'} "
             f"of {self.chat_tokens:,} tokens"
         )
+        if self.load_peak > self.weights + self.kv_per_chat * self.chats:
+            head += f", {fmt_bytes(self.load_peak)} while loading"
         tail = f"{fmt_bytes(self.available)} {self.memory} available; {self.precision}"
         return f"fits: {head} ({tail})" if self.fits else f"does not fit: {head} ({tail})"
 

@@ -6,11 +6,15 @@
  * bit (checked when the model loads) and packs it here; each product is then the same float32 multiply-adds, only
  * the weights cross the memory bus in their compact form and are widened in registers.
  *
- * Forms (-DFORM_Q4, -DFORM_Q8, -DFORM_BF16), each in panels of 16 output features, k-major inside a panel so that
+ * Forms (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16), each in panels of 16 output features, k-major inside a panel so that
  * a panel widens straight into the [k][16] layout the multiply below reads:
  *   Q4:   per 32 k's: d[16] and m[16] (float16), then 32 x 8 bytes, byte j of row k holding q[k][j] in its low
  *         nibble and q[k][j + 8] in its high one; w = d * q + m (d * q is exact, so one rounding, as a GGUF Q4_1).
  *   Q8:   per 32 k's: d[16] (float16), then 32 x 16 int8; w = d * q (exact, as a GGUF Q8_0).
+ *   Q4F:  Q4 with d and m float32: GGUF's Q4_K, whose 32-weight sub-blocks are (d * sc) * q - dmin * m, both
+ *         products exact in float32 but not in float16.
+ *   Q8F:  per 32 k's: d[2][16] (float32; the first for k's 0..15, the second for 16..31), then 32 x 16 int8;
+ *         w = d * q: GGUF's Q6_K, whose 16-weight sub-blocks are (d * sc) * (q - 32).
  *   BF16: per k: 16 bfloat16 (the upper halves of the float32 weights).
  * The multiply is a 6 x 16 register tile (12 vector accumulators of 8 floats) over a panel widened into scratch,
  * K taken in chunks that keep the scratch in L1. Written with GCC's vector extensions, so -march=native picks the
@@ -106,6 +110,39 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
         }
     }
 }
+#elif defined(FORM_Q4F)
+#define BLOCK_BYTES (PANEL * 4 * 2 + BLOCK * PANEL / 2)
+static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
+        const float *scales = (const float *)block;
+        const f32x8a d_lo = *(const f32x8 *)scales, d_hi = *(const f32x8 *)(scales + 8);
+        const f32x8a m_lo = *(const f32x8 *)(scales + 16), m_hi = *(const f32x8 *)(scales + 24);
+        const uint8_t *codes = block + PANEL * 8;
+        float *dst = out + b * BLOCK * PANEL;
+        for (int k = 0; k < BLOCK; ++k) {
+            *(f32x8 *)(dst + k * PANEL) = d_lo * nibbles(codes + k * 8, 0) + m_lo;
+            *(f32x8 *)(dst + k * PANEL + 8) = d_hi * nibbles(codes + k * 8, 4) + m_hi;
+        }
+    }
+}
+#elif defined(FORM_Q8F)
+#define BLOCK_BYTES (PANEL * 4 * 2 + BLOCK * PANEL)
+static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
+        const float *scales = (const float *)block;
+        const int8_t *codes = (const int8_t *)(block + PANEL * 8);
+        float *dst = out + b * BLOCK * PANEL;
+        for (int half = 0; half < 2; ++half) {
+            const f32x8a d_lo = *(const f32x8 *)(scales + half * PANEL), d_hi = *(const f32x8 *)(scales + half * PANEL + 8);
+            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; ++k) {
+                *(f32x8 *)(dst + k * PANEL) = d_lo * signed_bytes(codes + k * PANEL);
+                *(f32x8 *)(dst + k * PANEL + 8) = d_hi * signed_bytes(codes + k * PANEL + 8);
+            }
+        }
+    }
+}
 #elif defined(FORM_BF16)
 #define BLOCK_BYTES (BLOCK * PANEL * 2)
 static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
@@ -113,7 +150,7 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
     for (int64_t i = 0; i < n * PANEL; i += 8) *(f32x8 *)(out + i) = upper_halves(src + i);
 }
 #else
-#error "build with -DFORM_Q4, -DFORM_Q8 or -DFORM_BF16"
+#error "build with -DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F or -DFORM_BF16"
 #endif
 
 /* c[r][0..16) (+)= sum over k < n of a[r][k] * b[k][0..16) for the R rows r < R (R constant, so the
