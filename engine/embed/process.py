@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 
 import msgspec
 import torch
+from transformers.utils import logging as hf_logging
 
 from engine.embed.config import EmbeddingConfig
 from engine.embed.encoder import Encoder
@@ -41,6 +42,8 @@ def run_embedding_process(config: EmbeddingConfig, inbox: Connection, outbox: Co
     # The tokenizer's own thread pool would contend for the core the chat engine computes on.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(config.threads)
+    # A load of a second or two: a progress bar would only be a line of carriage returns in the journal.
+    hf_logging.disable_progress_bar()
     wire = msgspec.msgpack.Encoder()
     decoder = msgspec.msgpack.Decoder(ToEmbedder)
 
