@@ -87,7 +87,8 @@ class AsyncEmbeddingClient:
         outbox_w.close()
         self._conn = inbox_w
         self._ready = loop.create_future()
-        threading.Thread(target=self._read, args=(outbox_r, self._generation, loop), daemon=True).start()
+        reader_args = (outbox_r, self._process, self._generation, loop)
+        threading.Thread(target=self._read, args=reader_args, daemon=True).start()
         try:
             info = await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
         except TimeoutError:
@@ -164,7 +165,7 @@ class AsyncEmbeddingClient:
             except OSError:
                 raise EngineDeadError("the embedding process is gone") from None
 
-    def _read(self, conn: Connection, generation: int, loop: asyncio.AbstractEventLoop) -> None:
+    def _read(self, conn: Connection, process: Any, generation: int, loop: asyncio.AbstractEventLoop) -> None:
         decoder = msgspec.msgpack.Decoder(FromEmbedder)
         while generation == self._generation:
             try:
@@ -173,8 +174,9 @@ class AsyncEmbeddingClient:
                 break
             loop.call_soon_threadsafe(self._dispatch, msg, generation)
         conn.close()
+        process.join(2)  # reaped, so the log can say how it ended (-9: killed, as by the kernel's OOM killer)
         if not loop.is_closed():
-            loop.call_soon_threadsafe(self._on_exit, generation)
+            loop.call_soon_threadsafe(self._on_exit, generation, process.exitcode)
 
     def _dispatch(self, msg: FromEmbedder, generation: int) -> None:
         if generation != self._generation:
@@ -195,10 +197,9 @@ class AsyncEmbeddingClient:
         else:
             future.set_exception(_refusal(msg))
 
-    def _on_exit(self, generation: int) -> None:
+    def _on_exit(self, generation: int, code: int | None) -> None:
         if generation != self._generation or self.state in (EngineState.STOPPING, EngineState.STOPPED):
             return
-        code = self._process.exitcode if self._process is not None else None
         self.last_error = f"the embedding process exited (code {code})"
         log.error("%s", self.last_error)
         self.state = EngineState.DOWN
