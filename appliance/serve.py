@@ -17,7 +17,8 @@ from appliance.connections import ConnectionGuard, fit_open_file_limit, guarded_
 from appliance.sdnotify import Notifier, watchdog_interval
 from appliance.settings import Settings
 from appliance.supervisor import Supervisor
-from appliance.wiring import build_gateway, engine_client
+from appliance.wiring import build_gateway, embedding_client, engine_client, start_embeddings
+from engine import AsyncEmbeddingClient
 from engine import logs as engine_logs
 from web.app import Gateway, app_of
 
@@ -28,10 +29,17 @@ class DrainingServer(uvicorn.Server):
     """uvicorn closes its socket at once on SIGTERM; this one first drains while the socket stays open, so
     callers get a clear 503 and load balancers see /ready fail. A second signal forces the exit."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway, supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        gateway: Gateway,
+        supervisor: Supervisor,
+        embeddings: AsyncEmbeddingClient | None = None,
+    ) -> None:
         super().__init__(config)
         self.gateway = gateway
         self.supervisor = supervisor
+        self.embeddings = embeddings  # started beside the chat engine, on this loop; stopped after the server
         self.failed = False  # the engine could not start under systemd: exit non-zero
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -39,12 +47,19 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         supervising = asyncio.create_task(self._supervise(), name="systemd-supervisor")
+        embedding = self.embeddings
+        starting = asyncio.create_task(start_embeddings(embedding), name="embeddings-start") if embedding else None
         try:
             await super().serve(sockets)
         finally:
             supervising.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervising
+            if embedding is not None and starting is not None:
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                await embedding.shutdown()
 
     async def _supervise(self) -> None:
         if not await self.supervisor.run(lambda: self.started):
@@ -111,7 +126,7 @@ def serve(settings: Settings) -> None:
     address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"
     supervisor = Supervisor(gateway.gate, client, notifier, watchdog_interval(), address)
     log.info("listening on %s; the engine loads %s now (its progress follows)", address, settings.model)
-    server = DrainingServer(config, gateway, supervisor)
+    server = DrainingServer(config, gateway, supervisor, embedding_client(settings))
     try:
         server.run()
     finally:

@@ -65,6 +65,12 @@ class Settings:
         "Model: default (bundled SmolLM2-135M-Instruct), a HF directory, a .gguf or random:<preset>.",
     )
     served_model_name: str | None = setting(None, "Model name the API answers to (default: the model's own name).")
+    embedding_model: str = setting(
+        "default",
+        "Embedding model of /v1/embeddings and /api/embed, in its own process beside the chat model: default "
+        "(bundled all-MiniLM-L6-v2), a sentence-transformers or HF encoder directory, or none (those routes "
+        "answer 404). One that fails to start is logged; the chat model serves on.",
+    )
     quantization: str = setting("auto", "Weight quantization: auto (nf4 on CUDA, none on a CPU), none, nf4, fp4, int8.")
     dtype: str = setting(
         "auto",
@@ -293,6 +299,8 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}DRAIN_TIMEOUT must be >= 0, not {s.drain_timeout}")
     if s.log_level not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"{PREFIX}LOG_LEVEL must be debug, info, warning or error, not {s.log_level!r}")
+    if not s.embedding_model:
+        raise SettingsError(f"{PREFIX}EMBEDDING_MODEL must be default, a model directory or none")
     if s.served_model_name is not None and not s.served_model_name.strip():
         raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
     if s.database_url is not None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from socket import gethostname
 
 from appliance.models.catalogue import LocalModels
 from appliance.settings import Settings, load_settings
 from appliance.vllm.engine import VllmEngineClient
-from engine import AsyncEngineClient, EngineConfig
+from engine import AsyncEmbeddingClient, AsyncEngineClient, EmbeddingConfig, EngineConfig, EngineError
 from web.app import Gateway
 from web.app import build_gateway as build_web_gateway
 from web.backends.none import NoLocalEngine
@@ -15,6 +16,9 @@ from web.backends.spec import parse_backends
 from web.config import WebConfig
 from web.db import is_sqlite
 from web.generation.backend import EngineClient
+
+log = logging.getLogger("appliance.wiring")
+NO_EMBEDDINGS = "none"
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -52,6 +56,31 @@ def engine_client(settings: Settings) -> AsyncEngineClient | VllmEngineClient | 
     if settings.engine == "vllm":
         return VllmEngineClient(settings, auto_restart=True)
     return AsyncEngineClient(config, auto_restart=True)
+
+
+def embedding_client(settings: Settings) -> AsyncEmbeddingClient | None:
+    """The embedding model's client (not started), or None where APPLIANCE_EMBEDDING_MODEL is none. Its process
+    runs on one torch thread whatever the chat engine takes: embeddings are short passes, the chat engine's steps
+    are what users wait on."""
+    if settings.embedding_model == NO_EMBEDDINGS:
+        return None
+    config = EmbeddingConfig(model=settings.embedding_model, threads=1, log_level=settings.log_level)
+    return AsyncEmbeddingClient(config, auto_restart=True)
+
+
+async def start_embeddings(client: AsyncEmbeddingClient) -> None:
+    """Start the embedding model; a failure is logged and leaves embeddings unserved, never the chat model."""
+    try:
+        info = await client.start()
+    except EngineError as exc:
+        log.error(
+            "no embeddings: the embedding model did not start (%s); APPLIANCE_EMBEDDING_MODEL=none turns them off",
+            exc,
+        )
+        return
+    log.info(
+        "embeddings: %s, %d dimensions, at most %d tokens per input", info.name, info.dimensions, info.max_input_tokens
+    )
 
 
 def web_config(settings: Settings) -> WebConfig:

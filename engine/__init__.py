@@ -1,12 +1,16 @@
 """The model server core: continuous batching over a paged KV cache. Imports nothing from web/ or appliance/.
 
-Public names: the offline LLM, the async client for servers, their config and message types, the errors.
+Public names: the offline LLM, the async client for servers, their config and message types, the errors; the
+embedding model's async client, its config and result types.
 """
 
 from typing import TYPE_CHECKING
 
 from engine.client import AsyncEngineClient
 from engine.config import EngineConfig
+from engine.embed.client import AsyncEmbeddingClient, Embeddings
+from engine.embed.config import EmbeddingConfig
+from engine.embed.messages import EmbeddingModelInfo
 from engine.errors import (
     ConfigError,
     ContextLengthError,
@@ -50,10 +54,14 @@ __all__ = [
     "DEFAULT_TENANT",
     "LLM",
     "MAX_LOGPROBS",
+    "AsyncEmbeddingClient",
     "AsyncEngineClient",
     "CompletionResult",
     "ConfigError",
     "ContextLengthError",
+    "EmbeddingConfig",
+    "EmbeddingModelInfo",
+    "Embeddings",
     "EngineConfig",
     "EngineDeadError",
     "EngineError",

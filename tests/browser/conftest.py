@@ -99,6 +99,7 @@ def appliance(data: Path, **settings: str) -> Iterator[Server]:
         APPLIANCE_NUM_KV_BLOCKS="512",  # small enough that a few requests show on the KV gauge
         APPLIANCE_DRAIN_TIMEOUT="1",
         APPLIANCE_LOG_LEVEL="warning",
+        APPLIANCE_EMBEDDING_MODEL="none",  # no page embeds; a process less per server
     )
     env.update(settings)
     log = data / "server.log"

@@ -109,6 +109,7 @@ def start_server(data_dir: Path, **settings: str) -> Server:
         "APPLIANCE_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "APPLIANCE_METRICS_TOKEN": METRICS_TOKEN,
         "APPLIANCE_KV_CACHE_BYTES": str(64 << 20),
+        "APPLIANCE_EMBEDDING_MODEL": "none",  # a process of its own per server; the tests that embed ask for it
         **{"APPLIANCE_" + k.upper(): v for k, v in settings.items()},
     }
     log_path = data_dir / f"server-{port}.log"
