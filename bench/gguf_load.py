@@ -1,4 +1,4 @@
-"""`python -m bench.gguf_load --shape 1b|3b`: a GGUF's load, the whole-file float32 conversion against the
+"""`python -m bench.gguf_load --shape 1b|3b|8b`: a GGUF's load, the whole-file float32 conversion against the
 tensor-by-tensor load (engine/model/gguf_load.py), each in a process of its own: peak RSS, seconds, final weights.
 
 The GGUF is a Llama of the named shape with random blocks laid out as a Q4_K_M file lays them (Q4_K; Q6_K for the
@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
 Q = GGMLQuantizationType
-# hidden, ffn, layers, heads, kv heads: Llama 3.2 1B and 3B.
-SHAPES = {"1b": (2048, 8192, 16, 32, 8), "3b": (3072, 8192, 28, 24, 8)}
+# hidden, ffn, layers, heads, kv heads: Llama 3.2 1B and 3B, Llama 3.1 8B.
+SHAPES = {"1b": (2048, 8192, 16, 32, 8), "3b": (3072, 8192, 28, 24, 8), "8b": (4096, 14336, 32, 32, 8)}
 SCALE_OFFSETS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}  # float16 d (and dmin)
 Types = Callable[[str], GGMLQuantizationType]  # a GGUF tensor name -> its block type
 
@@ -94,14 +94,14 @@ from pathlib import Path
 import torch
 from engine.config import EngineConfig
 from engine.cpu.packed_linear import pack_linears
-from engine.model import loader
+from engine.model import gguf_source, loader
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec.
 hwm = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 gguf, cache, path = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 before = hwm()
 started = time.perf_counter()
 if path == "old":
-    source = loader._converted_gguf(gguf, cache, lambda _: None)
+    source = gguf_source.converted_gguf(gguf, cache, lambda _: None)
     model = loader._from_pretrained(source, "none", torch.device("cpu"), torch.float32, None, lambda _: None)
     pack_linears(model)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])

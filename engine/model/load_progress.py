@@ -1,6 +1,6 @@
 """A model load's progress as log lines: library progress bars become percentage lines when stderr is not a
-terminal (a journal or a file keeps every carriage-return redraw on one endless line), and a long step that has
-no bar of its own says every few seconds that it is still running."""
+terminal (a journal or a file keeps every carriage-return redraw on one endless line), a long step that has no
+bar of its own says every few seconds that it is still running, and a step that fails says which step it was."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import Any
 from tqdm import auto as tqdm_auto
 from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.utils import logging as hf_logging
+
+from engine.errors import ModelLoadError
 
 Progress = Callable[[str], None]
 
@@ -85,3 +87,14 @@ def heartbeat(report: Progress, what: str, every: float = HEARTBEAT_S) -> Iterat
         done.set()
         thread.join()
     report(f"{what}: done in {time.monotonic() - started:.0f} s")
+
+
+@contextmanager
+def step(what: str) -> Iterator[None]:
+    """Turn whatever a library raises during one step into a ModelLoadError that names the step."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # torch, transformers, gguf and bitsandbytes raise many unrelated types
+        raise ModelLoadError(f"{what} failed: {type(exc).__name__}: {exc}") from exc

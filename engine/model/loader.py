@@ -1,19 +1,12 @@
 """Model loading: turns EngineConfig.model into an eval-mode model, its tokenizer and the engine's sizes.
 
-Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file, a Hugging Face model directory, random:<preset>.
-A GGUF is loaded tensor by tensor (engine.model.gguf_load), its config, tokenizer and packed weights cached; only
-bitsandbytes quantization (and vLLM) still take the whole-file conversion into a float32 safetensors directory.
+Sources: "default" (the bundled SmolLM2 GGUF), a .gguf file (engine.model.gguf_source), a Hugging Face model
+directory, random:<preset> (seeded random weights of a preset's shape with the bundled tokenizer).
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -30,23 +23,18 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from engine.config import EngineConfig
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
-from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 from engine.cpu.packed_linear import pack_linears
 from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
 from engine.cpu.prepack import onednn_bf16, prepack_linears
 from engine.errors import ModelLoadError
-from engine.model.gguf_load import GGUFStreamUnsupported, load_gguf
-from engine.model.load_progress import bars_as_lines, heartbeat
+from engine.model.gguf_source import converted_gguf, gguf_name, gguf_path, streamed_gguf
+from engine.model.load_progress import Progress, bars_as_lines, step
+from engine.model.model_cache import gguf_cache_dir, is_complete, staging_dir
 from engine.model.presets import PRESETS, build_random_model, get_preset
 from engine.model.sources import RANDOM_PREFIX, default_model_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-Progress = Callable[[str], None]
-
-# A quantization tag ending a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
-_GGUF_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -110,29 +98,29 @@ def load_model(
         chosen = f"quantization {config.quantization}, compute dtype {str(dtype).removeprefix('torch.')}"
         report(f"auto choices on {device}: {chosen} ({hardware})")
     streamed: Counter[str] = Counter()  # linear layers packed from a GGUF's own blocks, by form
-    gguf = _gguf_path(config.model)
+    gguf = gguf_path(config.model)
     if config.model.startswith(RANDOM_PREFIX):
         name = config.model
         model, source_dir = _random_model(config, device, dtype, attn_implementation, report)
     elif gguf is not None and config.quantization == "none":
-        name = _GGUF_QUANT_TAG.sub("", gguf.stem)
-        model, source_dir, streamed = _streamed_gguf(gguf, config, device, dtype, attn_implementation, report)
+        name = gguf_name(gguf)
+        model, source_dir, streamed = _gguf_model(gguf, config, device, dtype, attn_implementation, report)
     else:
         source_dir, name = _checkpoint_dir(config.model, config.model_cache_dir, report)
         model = _from_pretrained(source_dir, config.quantization, device, dtype, attn_implementation, report)
     report("loading tokenizer …")
-    with _step(f"loading the tokenizer from {source_dir}"):
+    with step(f"loading the tokenizer from {source_dir}"):
         tokenizer = AutoTokenizer.from_pretrained(source_dir)
     model.eval()
     model.requires_grad_(False)
     plan = cpu_plan(config, device.type, _name(dtype), type(model).__name__, this_machine(onednn_bf16()))
     if plan.linears.choice is Linears.PREPACKED:
-        with _step("laying out the linear layers for oneDNN"):
+        with step("laying out the linear layers for oneDNN"):
             report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
     if plan.linears.choice is Linears.COMPACT:
-        with _step("packing the linear layers' weights"):
+        with step("packing the linear layers' weights"):
             plan = _compacted(plan, streamed + pack_linears(model), report)
-    with _step(f"reading the shape of {name}"):
+    with step(f"reading the shape of {name}"):
         text = model.config.get_text_config()
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
@@ -172,22 +160,25 @@ def _compacted(plan: CpuPlan, counts: Counter[str], report: Progress) -> CpuPlan
     return plan.settled(linears=Decision(Linears.COMPACT, f"{plan.linears.reason}: {forms}"))
 
 
-@contextmanager
-def _step(what: str) -> Iterator[None]:
-    """Turn whatever a library raises during one step into a ModelLoadError that names the step."""
-    try:
-        yield
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # torch, transformers, gguf and bitsandbytes raise many unrelated types
-        raise ModelLoadError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+def _gguf_model(
+    gguf: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype, attn: str | None, report: Progress
+) -> tuple[PreTrainedModel, Path, Counter[str]]:
+    """A GGUF tensor by tensor, its blocks packed where the CPU plan packs linear layers; converted whole where
+    the streamed load cannot take the file."""
+    linears = cpu_plan(config, device.type, _name(dtype), None, this_machine(onednn_bf16())).linears
+    compact = linears.choice is Linears.COMPACT
+    loaded = streamed_gguf(gguf, config.model_cache_dir, device, dtype, compact, attn, report)
+    if loaded is not None:
+        return loaded
+    source_dir = converted_gguf(gguf, config.model_cache_dir, report)
+    return _from_pretrained(source_dir, "none", device, dtype, attn, report), source_dir, Counter()
 
 
 def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path, str]:
     """The safetensors directory to load for `spec` (a GGUF is converted first) and its readable name."""
     path = default_model_path() if spec == "default" else Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _converted_gguf(path, cache_root, report), _GGUF_QUANT_TAG.sub("", path.stem)
+        return converted_gguf(path, cache_root, report), gguf_name(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a directory but holds no config.json: not a Hugging Face model")
@@ -200,96 +191,6 @@ def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path
     )
 
 
-def _gguf_cache_dir(gguf: Path, cache_root: Path) -> Path:
-    """One cache entry per GGUF file version: a changed or moved file converts again."""
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    return cache_root / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-
-def _converted_gguf(gguf: Path, cache_root: Path, report: Progress) -> Path:
-    target = _gguf_cache_dir(gguf, cache_root)
-    if _is_complete(target):
-        return target
-    report(f"converting GGUF to safetensors (once, into {target}) …")
-    with _step(f"converting {gguf} to safetensors"), _staging_dir(target) as staging, bars_as_lines(report):
-        # Parsing the GGUF's metadata (its vocabulary) alone takes seconds, and both steps do it: hence heartbeats.
-        with heartbeat(report, "converting the weights from the GGUF"):
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            # The weights are dequantized now, but the GGUF quantizer marker would make save_pretrained refuse
-            # ("quantized with gguf and is not serializable").
-            model.hf_quantizer = None  # type: ignore[assignment]
-            del model.config.quantization_config
-            model.save_pretrained(staging, safe_serialization=True)
-            del model
-        with heartbeat(report, "converting the tokenizer from the GGUF"):
-            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
-    return target
-
-
-def _gguf_path(spec: str) -> Path | None:
-    path = default_model_path() if spec == "default" else Path(spec).expanduser()
-    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
-
-
-def _streamed_gguf(
-    gguf: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype, attn: str | None, report: Progress
-) -> tuple[PreTrainedModel, Path, Counter[str]]:
-    """The GGUF loaded tensor by tensor (engine.model.gguf_load); only its config and tokenizer are cached, in
-    gguf-config/ (a folder vLLM and the benchmarks do not take for a converted model)."""
-    config_dir = _gguf_cache_dir(gguf, config.model_cache_dir / "gguf-config")
-    if not _is_complete(config_dir):
-        report(f"reading the config and tokenizer from the GGUF (once, into {config_dir}) …")
-        with (
-            _step(f"reading {gguf}'s metadata"),
-            _staging_dir(config_dir) as staging,
-            heartbeat(report, "reading the GGUF's config and tokenizer"),
-        ):
-            AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
-            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
-    linears = cpu_plan(config, device.type, _name(dtype), None, this_machine(onednn_bf16())).linears
-    compact = linears.choice is Linears.COMPACT
-    try:
-        compact = compact and bool(build_packed_linear("q4"))
-    except KernelBuildError as exc:
-        report(f"linear layers stay torch's: the packed kernel is unavailable ({exc})")
-        compact = False
-    report(f"loading {gguf.name} tensor by tensor …")
-    try:
-        with _step(f"loading {gguf}"), heartbeat(report, "loading the GGUF's tensors"):
-            model, forms = load_gguf(gguf, config_dir, device, dtype, compact, attn)
-    except ModelLoadError as exc:
-        if not isinstance(exc.__cause__, GGUFStreamUnsupported):
-            raise
-        report(f"{exc.__cause__}: converting the whole file instead")
-        source_dir = _converted_gguf(gguf, config.model_cache_dir, report)
-        return _from_pretrained(source_dir, "none", device, dtype, attn, report), source_dir, Counter()
-    return model, config_dir, forms
-
-
-def _is_complete(cache_entry: Path) -> bool:
-    # Entries appear only by an atomic rename of a finished staging directory, so present means complete.
-    return (cache_entry / "config.json").is_file()
-
-
-@contextmanager
-def _staging_dir(target: Path) -> Iterator[Path]:
-    """Build a cache entry in a sibling temp directory, then rename it into place: a cut build leaves none."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield staging
-        staging.chmod(0o755)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not _is_complete(target):
-                raise
-            # Another process finished the same entry first; theirs is as good as ours.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def _from_pretrained(
     source_dir: Path,
     quantization: str,
@@ -298,7 +199,7 @@ def _from_pretrained(
     attn_implementation: str | None,
     report: Progress,
 ) -> PreTrainedModel:
-    with _step(f"reading {source_dir / 'config.json'}"):
+    with step(f"reading {source_dir / 'config.json'}"):
         hf_config = AutoConfig.from_pretrained(source_dir)
     if hf_config.is_encoder_decoder or hf_config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelLoadError(
@@ -313,7 +214,7 @@ def _from_pretrained(
         kwargs["quantization_config"] = _bnb_config(quantization, dtype)
         how = f"quantized to {quantization} by bitsandbytes"
     report(f"loading weights {how} …")
-    with _step(f"loading {source_dir} {how} on {device}"), bars_as_lines(report):
+    with step(f"loading {source_dir} {how} on {device}"), bars_as_lines(report):
         return AutoModelForCausalLM.from_pretrained(source_dir, **kwargs)
 
 
@@ -345,17 +246,17 @@ def _random_model(
     preset = get_preset(preset_name)
     cache_root = config.model_cache_dir
     base_dir = random_model_dir(preset_name, cache_root, report)
-    with _step(f"reading the tokenizer in {base_dir}"):
+    with step(f"reading the tokenizer in {base_dir}"):
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
     hf_config = preset.hf_config(tokenizer)
     if config.quantization == "none":
         report(f"building random {preset_name} weights (seed {config.seed}) …")
-        with _step(f"building {config.model} on {device}"):
+        with step(f"building {config.model} on {device}"):
             return build_random_model(hf_config, config.seed, device, dtype, attn_implementation), base_dir
     weights_dir = cache_root / f"random-{preset_name}-seed{config.seed}"
-    if not _is_complete(weights_dir):
+    if not is_complete(weights_dir):
         report(f"building random {preset_name} weights (seed {config.seed}) to quantize …")
-        with _step(f"writing {weights_dir}"), _staging_dir(weights_dir) as staging:
+        with step(f"writing {weights_dir}"), staging_dir(weights_dir) as staging:
             model = build_random_model(hf_config, config.seed, device, dtype, None)
             model.save_pretrained(staging, safe_serialization=True)
             del model
@@ -370,10 +271,10 @@ def random_model_dir(preset_name: str, cache_root: Path, report: Progress | None
     Copying this folder to another machine lets it build the random model without the bundled GGUF."""
     preset = get_preset(preset_name)
     base_dir = cache_root / f"random-{preset_name}"
-    if not _is_complete(base_dir):
+    if not is_complete(base_dir):
         if report is not None:
             report("saving the default tokenizer for the random model …")
-        with _step(f"writing {base_dir}"), _staging_dir(base_dir) as staging:
+        with step(f"writing {base_dir}"), staging_dir(base_dir) as staging:
             tokenizer = _default_tokenizer(cache_root)
             preset.hf_config(tokenizer).save_pretrained(staging)
             tokenizer.save_pretrained(staging)
@@ -387,11 +288,11 @@ def _default_tokenizer(cache_root: Path) -> PreTrainedTokenizerBase:
         # Without the bundled package (a bare GPU test machine), any random-<preset>/ folder carried over holds
         # the same tokenizer.
         for folder in sorted(cache_root.glob("random-*")):
-            if _is_complete(folder) and (folder / "tokenizer.json").is_file():
+            if is_complete(folder) and (folder / "tokenizer.json").is_file():
                 return AutoTokenizer.from_pretrained(folder)
         raise
-    converted = _gguf_cache_dir(gguf, cache_root)
-    if _is_complete(converted):
+    converted = gguf_cache_dir(gguf, cache_root)
+    if is_complete(converted):
         return AutoTokenizer.from_pretrained(converted)
     # Reading just the tokenizer from the GGUF takes ~3 s; a full conversion would take ~15 s.
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.messages import ModelInfo
-from engine.model import loader
+from engine.model import gguf_source, loader
 from engine.model.load_progress import HEARTBEAT_S
 from engine.process import describe
 
@@ -23,7 +23,9 @@ def test_converting_the_gguf_reports_lines_without_long_silences(
 ) -> None:
     lines: list[tuple[float, str]] = []
     started = time.monotonic()
-    loader._converted_gguf(loader.default_model_path(), tmp_path, lambda line: lines.append((time.monotonic(), line)))
+    gguf_source.converted_gguf(
+        loader.default_model_path(), tmp_path, lambda line: lines.append((time.monotonic(), line))
+    )
     finished = time.monotonic()
 
     said = [line for _, line in lines]

@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError
-from engine.model import loader
+from engine.model import gguf_source, loader
 from engine.model.loader import (
     PRESETS,
     LoadedModel,
@@ -78,7 +78,7 @@ def test_second_load_uses_the_cache(default_model: LoadedModel, cache_dir: Path,
 
 def test_hf_directory_loads_with_served_name(default_model: LoadedModel, cache_dir: Path) -> None:
     # The whole-file float32 conversion (still what bitsandbytes and vLLM load) gives the streamed load's weights.
-    converted = loader._converted_gguf(default_model_path(), cache_dir, lambda _: None)
+    converted = gguf_source.converted_gguf(default_model_path(), cache_dir, lambda _: None)
     loaded = load(cache_dir, model=str(converted), served_model_name="smol")
     assert loaded.name == "smol" and loaded.source_dir == converted
     embeddings = (m.model.model.embed_tokens.weight for m in (loaded, default_model))
