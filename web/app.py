@@ -35,6 +35,7 @@ from web.generation.prompts import Prompts
 from web.generation.run import Generations
 from web.history.routes import history_router
 from web.history.service import HistoryService
+from web.history.stored import ResponseStore
 from web.history.writer import BatchWriter
 from web.jobs import Jobs, Sampler
 from web.keys.guard import api_key_guard
@@ -44,6 +45,7 @@ from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger
 from web.openai.routes import openai_router
+from web.responses.routes import responses_router
 from web.system.access import AccessLog
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
 from web.system.metrics import Metrics
@@ -78,6 +80,7 @@ class Gateway:
     prompts: Prompts
     jobs: Jobs
     models: ModelSwitch
+    responses: ResponseStore
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -143,6 +146,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         prompts=Prompts(router, config.default_max_tokens, config.store_text),
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
+        responses=ResponseStore(sessions, config.store_text),
     )
 
 
@@ -188,6 +192,7 @@ def app_of(gateway: Gateway) -> Litestar:
     api = [
         openai_router(api_key),
         anthropic_router(api_key),
+        responses_router(api_key),
         publish_router(api_key),
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),

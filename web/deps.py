@@ -13,6 +13,7 @@ from web.generation.inflight import InFlight as _InFlight
 from web.generation.prompts import Prompts as _Prompts
 from web.generation.run import Generations as _Generations
 from web.history.service import HistoryService
+from web.history.stored import ResponseStore
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
@@ -33,6 +34,7 @@ Limiter = NamedDependency[ConcurrencyLimiter]
 Metrics = NamedDependency[_Metrics]
 Models = NamedDependency[ModelSwitch]
 Prompts = NamedDependency[_Prompts]
+Responses = NamedDependency[ResponseStore]
 Router = NamedDependency[_Router]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
 Views = NamedDependency[KeyViews]

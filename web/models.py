@@ -1,4 +1,5 @@
-"""The SQLite tables: API keys and their quota state, the request history, engine samples, the admin credential."""
+"""The SQLite tables: API keys and their quota state, the request history, stored Responses API answers, engine
+samples, the admin credential."""
 
 from __future__ import annotations
 
@@ -167,3 +168,17 @@ class AdminCredential(Base):
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(String(256))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class StoredResponse(Base):
+    """A Responses API answer kept for GET /v1/responses/{id} and previous_response_id, only where the operator
+    stores text: its body as returned, and the conversation (template messages) it ended, for a continuation. Only
+    the key that created it reads it; it goes with its key and with the history's retention."""
+
+    __tablename__ = "stored_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the history row's id
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    body: Mapped[str] = mapped_column(Text)
+    conversation: Mapped[str] = mapped_column(Text)

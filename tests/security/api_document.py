@@ -64,6 +64,8 @@ def with_engine_limits(served: dict[str, Any]) -> dict[str, Any]:
     }
     for properties in _requests(doc):
         properties.update(limits)
+    responses = doc["components"]["schemas"]["ResponsesResponsesRequest"]["properties"]
+    responses.update({name: limit for name, limit in limits.items() if name in responses})
     messages = doc["components"]["schemas"]["AnthropicMessagesRequest"]["properties"]
     messages["stop_sequences"] = nullable({"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS})
     return doc
@@ -112,6 +114,7 @@ def fits_context(served: dict[str, Any]) -> dict[str, Any]:
     # Any JSON Schema fits the document; only the engine's compiler says which ones it can enforce.
     schemas["JsonSchemaSpec"]["properties"]["schema"] = nullable({"const": {"type": "object"}})
     _anthropic_fits(schemas)
+    _responses_fit(schemas)
     for name in ("KeyCreate", "KeyUpdate"):
         schemas[name]["properties"]["name"] = {"type": "string", "pattern": "[0-9A-Za-z]"}
     for parameter in doc["paths"]["/admin/api/requests"]["get"]["parameters"]:
@@ -136,6 +139,30 @@ def _anthropic_fits(schemas: dict[str, Any]) -> None:
     kept = ("AnthropicTextBlock", "AnthropicThinkingBlock", "AnthropicRedactedThinkingBlock")
     blocks["items"] = {"anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in kept]}
     for name in ("AnthropicTextBlock", "AnthropicThinkingBlock", "AnthropicRedactedThinkingBlock", "AnthropicMetadata"):
+        _walk(schemas[name], _small)
+
+
+def _responses_fit(schemas: dict[str, Any]) -> None:
+    """The Responses API's valid requests: small, text only, no function call items (an output must answer an
+    earlier call, whose arguments are JSON text), no tools (as for chat), no previous response (none is stored: a
+    400 naming the setting), a JSON schema the compiler takes."""
+    properties = schemas["ResponsesResponsesRequest"]["properties"]
+    properties["tools"] = {"type": "null"}
+    properties["tool_choice"] = nullable({"enum": ["none", "auto"]})
+    properties["previous_response_id"] = {"type": "null"}
+    properties["max_output_tokens"] = nullable(bounded(1, COMPLETION))
+    properties["seed"] = nullable(bounded(INT64_MIN, UINT64_MAX))
+    items = properties["input"]["anyOf"][1]["items"]
+    items["anyOf"] = [{"$ref": "#/components/schemas/ResponsesMessageItem"}]
+    schemas["ResponsesMessageItem"]["properties"]["role"] = {"enum": ["user", "system", "developer", "assistant"]}
+    part = schemas["ResponsesMessageItem"]["properties"]["content"]["anyOf"][1]["items"]
+    texts = ("ResponsesInputText", "ResponsesOutputText", "ResponsesRefusal")
+    part.pop("discriminator", None)
+    part["anyOf"] = [{"$ref": f"#/components/schemas/{name}"} for name in texts]
+    schemas["ResponsesJsonSchemaFormat"]["properties"]["schema"] = {"const": {"type": "object"}}
+    _walk(properties["input"], _small)
+    _walk(properties["instructions"], _small)
+    for name in ("ResponsesMessageItem", *texts):
         _walk(schemas[name], _small)
 
 

@@ -85,6 +85,10 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/v1/messages"): Call(200, json={**CHAT, "max_tokens": 4}),
     ("POST", "/v1/messages/count_tokens"): Call(200, json=CHAT),
     ("GET", "/v1/models/{model_id:path}"): Call(200),
+    ("POST", "/v1/responses"): Call(200, json={"model": MODEL, "input": "hi", "max_output_tokens": 4}),
+    # No stored response has this id: past the guard, a 404 (test_a_stored_response_is_its_keys_alone has the 200s).
+    ("GET", "/v1/responses/{response_id:str}"): Call(404),
+    ("DELETE", "/v1/responses/{response_id:str}"): Call(404),
     # The fake engine has no tokenizer files to publish: past the guard, a 404 (tests/backends has the 200s).
     ("GET", "/v1/tokenizer"): Call(404, params={"model": MODEL}),
     ("GET", "/health"): Call(200),
@@ -245,6 +249,32 @@ def test_options_reveal_nothing(request: pytest.FixtureRequest, appliance: Appli
         assert response.content == b"" and "allow" in response.headers
     if response.status_code != 204:
         assert policy(path) not in (PUBLIC, LOGIN_FORM)
+
+
+def test_a_stored_response_is_its_keys_alone(request: pytest.FixtureRequest, appliance: Appliance) -> None:
+    """A response (the appliance stores text) is read, continued and deleted by the key that created it; to any
+    other key it does not exist, and its refusals leave it there."""
+    _, other = appliance.new_key("other")
+    mine, theirs = _bearer(appliance.keys["user"]), _bearer(other)
+    body = {"model": MODEL, "input": "my secret", "max_output_tokens": 4}
+    created = appliance.http.post("/v1/responses", json=body, headers=mine)
+    assert created.status_code == 200, created.text
+    rid, path = created.json()["id"], f"/v1/responses/{created.json()['id']}"
+    refused = [
+        appliance.http.get(path, headers=theirs),
+        appliance.http.delete(path, headers=theirs),
+        appliance.http.post("/v1/responses", json={**body, "previous_response_id": rid}, headers=theirs),
+    ]
+    figures(request, {AUTH_CASES: len(refused)})
+    assert_openai_error(refused[0], 404, param="response_id")
+    assert_openai_error(refused[1], 404, param="response_id")
+    assert_openai_error(refused[2], 400, "previous_response_not_found", "previous_response_id")
+    assert all("my secret" not in r.text for r in refused)
+    assert appliance.http.get(path, headers=mine).json() == created.json()
+    continued = appliance.http.post("/v1/responses", json={**body, "previous_response_id": rid}, headers=mine)
+    assert continued.status_code == 200 and continued.json()["previous_response_id"] == rid
+    assert appliance.http.delete(path, headers=mine).json()["deleted"] is True
+    assert_openai_error(appliance.http.get(path, headers=mine), 404)
 
 
 def test_pages_are_public_and_the_console_sends_to_its_login(appliance: Appliance) -> None:

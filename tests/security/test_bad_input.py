@@ -17,11 +17,14 @@ from tests.web.conftest import MODEL, assert_openai_error
 from tests.web.fakes import VOCAB
 from web.config import WebConfig
 
-CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
+CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION: dict[str, Any] = {"model": MODEL, "prompt": "hi"}
 BODY_LIMIT = WebConfig(database_url="").max_body_bytes  # the default the module's app runs with
 DEEP = 5_000  # nesting levels: a 10 kB body
+DEEP_TOOL = (
+    f', "tools": [{{"type": "function", "name": "f", "parameters": {{"x": {"[" * DEEP + "]" * DEEP}}}}}]}}'.encode()
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class Bad:
 
 def chat(**change: Any) -> bytes:
     return json.dumps({**CHAT, **change}).encode()
+
+
+def response(**change: Any) -> bytes:
+    return json.dumps({"model": MODEL, "input": "hi", **change}).encode()
 
 
 def completion(**change: Any) -> bytes:
@@ -71,6 +78,55 @@ CASES: dict[str, Any] = {
     "deeply nested unknown field": Bad(CHAT_PATH, chat()[:-1] + f', "extra": {nested(DEEP)}}}'.encode(), 400),
     "deeply nested tool_choice": Bad(CHAT_PATH, chat()[:-1] + f', "tool_choice": {nested(DEEP)}}}'.encode(), 400),
     "deeply nested prompt": Bad(COMPLETIONS_PATH, f'{{"model": "{MODEL}", "prompt": {nested(DEEP)}}}'.encode(), 400),
+    # the Responses API
+    "responses: no input": Bad(RESPONSES_PATH, json.dumps({"model": MODEL}).encode(), 400),
+    "responses: input a number": Bad(RESPONSES_PATH, response(input=5), 400, param="input"),
+    "responses: unknown item type": Bad(RESPONSES_PATH, response(input=[{"type": "computer_call"}]), 400),
+    "responses: item not an object": Bad(RESPONSES_PATH, response(input=["hi"]), 400),
+    "responses: tool role": Bad(RESPONSES_PATH, response(input=[{"role": "tool", "content": "x"}]), 400),
+    "responses: image part": Bad(
+        RESPONSES_PATH,
+        response(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]),
+        400,
+        "unsupported_parameter",
+        "input[0].content[0].type",
+    ),
+    "responses: call output answering nothing": Bad(
+        RESPONSES_PATH,
+        response(input=[{"type": "function_call_output", "call_id": "c1", "output": "x"}]),
+        400,
+        param="input[0].call_id",
+    ),
+    "responses: call arguments not an object": Bad(
+        RESPONSES_PATH,
+        response(input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "nope"}]),
+        400,
+        param="input[0].arguments",
+    ),
+    "responses: function tool without a name": Bad(
+        RESPONSES_PATH, response(tools=[{"type": "function"}]), 400, param="tools[0]"
+    ),
+    "responses: deeply nested tool": Bad(RESPONSES_PATH, response()[:-1] + DEEP_TOOL, 400),
+    "responses: named choice not offered": Bad(
+        RESPONSES_PATH, response(tool_choice={"type": "function", "name": "f"}), 400, param="tool_choice.name"
+    ),
+    "responses: unknown text format": Bad(RESPONSES_PATH, response(text={"format": {"type": "yaml"}}), 400),
+    "responses: json_schema without a schema": Bad(
+        RESPONSES_PATH, response(text={"format": {"type": "json_schema", "name": "s"}}), 400
+    ),
+    "responses: max_output_tokens 0": Bad(
+        RESPONSES_PATH, response(max_output_tokens=0), 400, param="max_output_tokens"
+    ),
+    "responses: background": Bad(RESPONSES_PATH, response(background=True), 400, "unsupported_parameter", "background"),
+    "responses: 17 metadata keys": Bad(RESPONSES_PATH, response(metadata={str(i): "v" for i in range(17)}), 400),
+    "responses: unknown previous response": Bad(
+        RESPONSES_PATH, response(previous_response_id="resp_nope"), 400, "previous_response_not_found"
+    ),
+    "responses: id over 64 characters": Bad(
+        RESPONSES_PATH, response(previous_response_id="r" * 65), 400, param="previous_response_id"
+    ),
+    "responses: read an unknown id": Bad(RESPONSES_PATH + "/resp_nope", None, 404, method="GET"),
+    "responses: delete an unknown id": Bad(RESPONSES_PATH + "/resp_nope", None, 404, method="DELETE"),
     # wrong types
     "model is a number": Bad(CHAT_PATH, chat(model=7), 400, param="model"),
     "messages is a string": Bad(CHAT_PATH, chat(messages="hi"), 400, param="messages"),

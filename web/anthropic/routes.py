@@ -52,7 +52,7 @@ class MessagesDialect(Dialect[MessagesRequest]):
     def error_frame(self, error: AppError) -> bytes:
         return errors.event_of(error)
 
-    def reply(self, body: MessagesRequest, generation: Generation, done: Collected) -> bytes:
+    async def reply(self, body: MessagesRequest, generation: Generation, done: Collected) -> bytes:
         log = generation.log
         content, called = content_of(done.text, generation.tools)
         reason, sequence = stop_reason(done.final, called)

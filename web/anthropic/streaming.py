@@ -41,7 +41,7 @@ class MessageFrames:
             return self.blocks.tool_use(event.id, event.name, event.arguments)
         return self.blocks.arguments(event.arguments)
 
-    def closing(self) -> list[bytes]:
+    async def closing(self) -> list[bytes]:
         """After the Generation closed: its usage is the final one."""
         final = self.generation.final
         assert final is not None  # closing() follows the last delta

@@ -33,7 +33,7 @@ class Frames(Protocol):
 
     def frames(self, out: RequestOutput, is_first: bool) -> list[bytes]: ...
 
-    def closing(self) -> list[bytes]: ...
+    async def closing(self) -> list[bytes]: ...
 
 
 class Dialect(ABC, Generic[Body]):
@@ -63,7 +63,7 @@ class Dialect(ABC, Generic[Body]):
         """A refusal once the stream has started (its status line is gone)."""
 
     @abstractmethod
-    def reply(self, body: Body, generation: Generation, done: Collected) -> bytes:
+    async def reply(self, body: Body, generation: Generation, done: Collected) -> bytes:
         """The JSON answer of a request that does not stream."""
 
     def headers(self, log: RequestLog) -> dict[str, str]:
@@ -102,7 +102,7 @@ async def serve(
             except ClientDisconnected:
                 response = Response(b"", status_code=CLIENT_CLOSED)
             else:
-                response = Response(dialect.reply(body, generation, done), media_type="application/json")
+                response = Response(await dialect.reply(body, generation, done), media_type="application/json")
     response.headers.update(dialect.headers(log))
     return response
 

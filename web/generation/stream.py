@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ async def start_stream(
     request: Request[Any, Any, Any],
     generation: Generation,
     frames: Callable[[RequestOutput, bool], list[bytes]],
-    closing: Callable[[], list[bytes]],
+    closing: Callable[[], Awaitable[list[bytes]]],
     error_frame: Callable[[AppError], bytes],
     done: bytes,
 ) -> Response[Any]:
@@ -147,7 +147,7 @@ async def start_stream(
             if generation.aborted:
                 yield error_frame(generation.error_for_abort())
             else:
-                yield b"".join([*closing(), done])
+                yield b"".join([*(await closing()), done])
         except AppError as exc:  # the engine died mid-stream: the status line is long gone, say it in-band
             yield error_frame(exc)
         except Exception:

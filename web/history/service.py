@@ -12,7 +12,7 @@ from sqlalchemy import Select, and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import NotFound
-from web.models import EngineSample, RequestRecord, utcnow
+from web.models import EngineSample, RequestRecord, StoredResponse, utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,10 @@ class HistoryService:
     async def prune(self, retention_days: int, sample_retention_days: int) -> tuple[int, int]:
         now = utcnow()
         async with self.sessions.begin() as session:
-            rows = await session.execute(
-                delete(RequestRecord).where(RequestRecord.arrival_at < now - timedelta(days=retention_days))
-            )
+            cutoff = now - timedelta(days=retention_days)
+            rows = await session.execute(delete(RequestRecord).where(RequestRecord.arrival_at < cutoff))
+            # a stored Responses answer is text of the history's: it goes with the history's retention
+            await session.execute(delete(StoredResponse).where(StoredResponse.created_at < cutoff))
             samples = await session.execute(
                 delete(EngineSample).where(EngineSample.at < now - timedelta(days=sample_retention_days))
             )

@@ -59,7 +59,7 @@ class ChatDialect(_OpenAI[ChatCompletionRequest]):
     async def ask(self, body: ChatCompletionRequest, served: Served) -> Ask:
         return await service.chat_ask(body, served)
 
-    def reply(self, body: ChatCompletionRequest, generation: Generation, done: Collected) -> bytes:
+    async def reply(self, body: ChatCompletionRequest, generation: Generation, done: Collected) -> bytes:
         log, tools = generation.log, generation.tools
         choices = [chat_choice(i, c.text, c.logprobs, c.final.finish_reason, tools) for i, c in enumerate(done.choices)]
         usage = usage_of(generation)
@@ -78,7 +78,7 @@ class CompletionDialect(_OpenAI[CompletionRequest]):
     async def ask(self, body: CompletionRequest, served: Served) -> Ask:
         return await service.completion_ask(body, served)
 
-    def reply(self, body: CompletionRequest, generation: Generation, done: Collected) -> bytes:
+    async def reply(self, body: CompletionRequest, generation: Generation, done: Collected) -> bytes:
         log = generation.log
         choices = [
             fmt.completion_choice(i, c.text, fmt.completion_logprobs(c.logprobs, 0), c.final.finish_reason)

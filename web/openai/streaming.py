@@ -56,7 +56,7 @@ class ChatFrames:
             frames.append(fmt.sse(end))
         return frames
 
-    def closing(self) -> list[bytes]:
+    async def closing(self) -> list[bytes]:
         if not self.include_usage:
             return []
         usage = usage_of(self.generation)
@@ -84,7 +84,7 @@ class CompletionFrames:
         choice = fmt.completion_choice(index, out.text, logprobs, reason)
         return [fmt.sse(fmt.completion(self.rid, self.created, self.model, [choice], None, self.fingerprint))]
 
-    def closing(self) -> list[bytes]:
+    async def closing(self) -> list[bytes]:
         if not self.include_usage:
             return []
         usage = usage_of(self.generation)

@@ -37,6 +37,7 @@ from web.openai.schemas import (
     prompt_schema,
     template_kwargs_schema,
 )
+from web.responses import document as responses_document
 
 TITLE = "LLM appliance"
 REF = "#/components/schemas/{name}"
@@ -109,6 +110,7 @@ def completed_document(
     for name in ("KeyCreate", "KeyUpdate"):  # forbid_unknown_fields=True
         components[name]["additionalProperties"] = False
     components[ERROR] = ERROR_SCHEMA
+    responses_document.complete(doc, model, max_model_len)  # before: its body decides the statuses added below
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             _complete_operation(path, method, operation)
