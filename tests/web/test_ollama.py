@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.web.conftest import MODEL, bearer, new_key, rows
+from tests.web.conftest import MODEL, bearer, client_for, new_key, rows
 from tests.web.fakes import FakeEngineClient
+from tests.web.test_tools_routes import CALL, WEATHER, ScriptedFake
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -127,3 +129,25 @@ async def test_embeddings_without_a_model_name_the_setting(client: Any, key: str
     assert_ollama_error(await client.post("/api/embed", json=body, headers=bearer(key)), 404, "APPLIANCE_EMBEDDING")
     response = await client.post("/v1/embeddings", json=body, headers=bearer(key))
     assert response.status_code == 404 and "APPLIANCE_EMBEDDING_MODEL" in response.json()["error"]["message"]
+
+
+async def test_a_tool_call_in_ollama_shape(db_path: Path) -> None:
+    """A call comes whole with its arguments as an object, streamed (in one line before the last) or not; the
+    answer's turn and a tool result go back in as Ollama's clients send them (no ids)."""
+    fake = ScriptedFake(max_model_len=4096)
+    fake.script = CALL
+    async with client_for(fake, db_path) as client:
+        key = await new_key(client)
+        body = {"model": MODEL, "messages": USER, "tools": [WEATHER], "stream": False}
+        whole = (await client.post("/api/chat", json=body, headers=bearer(key))).json()
+        streamed = lines((await client.post("/api/chat", json={**body, "stream": True}, headers=bearer(key))).text)
+        call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}, "index": 0}}
+        assert whole["message"] == {"role": "assistant", "content": "Let me look.", "tool_calls": [call]}
+        assert "".join(p["message"]["content"] for p in streamed) == "Let me look."
+        assert [p["message"]["tool_calls"] for p in streamed if "tool_calls" in p["message"]] == [[call]]
+        assert streamed[-1]["done"] is True
+        turn = [*USER, whole["message"], {"role": "tool", "content": '{"temp": 20}', "tool_name": "get_weather"}]
+        again = {"model": MODEL, "messages": turn, "tools": [WEATHER], "stream": False}
+        assert (await client.post("/api/chat", json=again, headers=bearer(key))).status_code == 200
+        prompt = "".join(chr(t) for t in fake.requests[-1][1])  # the fake tokenizer: one token per character
+        assert '{"temp": 20}' in prompt and "get_weather" in prompt

@@ -33,7 +33,7 @@ class Options(Struct, kw_only=True):
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
 
 
-class CallFunction(Struct, kw_only=True):
+class CallFunction(Struct, kw_only=True, omit_defaults=True):
     name: str
     arguments: dict[str, Any] = {}
     index: int | None = None

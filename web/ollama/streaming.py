@@ -56,7 +56,10 @@ def calls_of(plan: ToolPlan, text: str) -> tuple[str, list[ToolCall]]:
     if plan.mode == "off":
         return text, []
     parsed = plan.parse(text)
-    calls = [ToolCall(function=CallFunction(name=c.name, arguments=c.arguments_object())) for c in parsed.calls]
+    calls = [
+        ToolCall(function=CallFunction(name=c.name, arguments=c.arguments_object(), index=i))
+        for i, c in enumerate(parsed.calls)
+    ]
     return parsed.content or "", calls
 
 
@@ -94,7 +97,10 @@ class ChatFrames:
                 self._take(event)
         frames = [self._content("".join(text))] if text else []
         if ended and self.parts:
-            calls = [ToolCall(function=CallFunction(name=n, arguments=_object(a))) for n, a in self.parts]
+            calls = [
+                ToolCall(function=CallFunction(name=n, arguments=_object(a), index=i))
+                for i, (n, a) in enumerate(self.parts)
+            ]
             frames.append(line(ChatLine(self.generation.log.model, now(), OutMessage("assistant", "", calls), False)))
         return frames
 
