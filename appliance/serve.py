@@ -102,7 +102,8 @@ def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; raises SystemExit(1) when the engine could not start under systemd."""
     configure_logging(settings.log_level)
     client = engine_client(settings)
-    gateway = build_gateway(settings, client)
+    embeddings = embedding_client(settings)
+    gateway = build_gateway(settings, client, embeddings)
     guard = ConnectionGuard(fit_open_file_limit(settings.max_connections), settings.request_read_timeout)
     config = uvicorn.Config(
         app_of(gateway),
@@ -126,7 +127,7 @@ def serve(settings: Settings) -> None:
     address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"
     supervisor = Supervisor(gateway.gate, client, notifier, watchdog_interval(), address)
     log.info("listening on %s; the engine loads %s now (its progress follows)", address, settings.model)
-    server = DrainingServer(config, gateway, supervisor, embedding_client(settings))
+    server = DrainingServer(config, gateway, supervisor, embeddings)
     try:
         server.run()
     finally:

@@ -104,10 +104,13 @@ def web_config(settings: Settings) -> WebConfig:
     )
 
 
-def build_gateway(settings: Settings | None = None, client: EngineClient | None = None) -> Gateway:
-    """The whole appliance's parts; settings from the environment unless given."""
+def build_gateway(
+    settings: Settings | None = None, client: EngineClient | None = None, embeddings: AsyncEmbeddingClient | None = None
+) -> Gateway:
+    """The whole appliance's parts; settings from the environment unless given. `embeddings`: the embedding
+    model's client (embedding_client), started and stopped by its caller beside the server."""
     settings = settings or load_settings()
     if is_sqlite(settings.database):
         settings.database_path.parent.mkdir(parents=True, exist_ok=True)
     engine = client or engine_client(settings)
-    return build_web_gateway(web_config(settings), engine, LocalModels(settings))
+    return build_web_gateway(web_config(settings), engine, LocalModels(settings), embeddings)

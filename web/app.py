@@ -16,6 +16,7 @@ from litestar import Litestar
 from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from engine import AsyncEmbeddingClient
 from web.anthropic.errors import on_messages_paths
 from web.anthropic.routes import anthropic_router
 from web.backends.embedded import EmbeddedBackend
@@ -27,6 +28,7 @@ from web.config import WebConfig
 from web.console.backends import backends_api
 from web.console.mount import pages
 from web.db import create_db_engine, create_sessionmaker, upgrade_schema
+from web.embeddings.service import Embedder
 from web.errors import EXCEPTION_HANDLERS
 from web.generation.backend import EngineClient
 from web.generation.gate import EngineGate
@@ -44,6 +46,8 @@ from web.keys.routes import keys_router
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger
+from web.ollama.errors import on_ollama_paths
+from web.ollama.routes import ollama_router
 from web.openai.routes import openai_router
 from web.responses.routes import responses_router
 from web.system.access import AccessLog
@@ -81,6 +85,7 @@ class Gateway:
     jobs: Jobs
     models: ModelSwitch
     responses: ResponseStore
+    embedder: Embedder  # the embedding model (none where the operator configured none)
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -113,8 +118,14 @@ def _provider(value: Any) -> Provide:
     return Provide(provide, use_cache=True, sync_to_thread=False)
 
 
-def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | None = None) -> Gateway:
-    """`catalog`: the local models the console may switch to (appliance/ provides it; none: no switching)."""
+def build_gateway(
+    config: WebConfig,
+    client: EngineClient,
+    catalog: Catalog | None = None,
+    embeddings: AsyncEmbeddingClient | None = None,
+) -> Gateway:
+    """`catalog`: the local models the console may switch to (appliance/ provides it; none: no switching).
+    `embeddings`: the embedding model's client, which its owner starts and stops (none: no embeddings)."""
     db = create_db_engine(config.database_url)
     sessions = create_sessionmaker(db)
     router = build_router(config, client, lambda: gate.model_name)
@@ -147,6 +158,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
         responses=ResponseStore(sessions, config.store_text),
+        embedder=Embedder(embeddings, ledger),
     )
 
 
@@ -164,8 +176,8 @@ def build_router(config: WebConfig, client: EngineClient, local_name: Callable[[
     return Router(backends + remotes, config.sticky_backends, http, seats=seats)
 
 
-def create_app(config: WebConfig, client: EngineClient) -> Litestar:
-    return app_of(build_gateway(config, client))
+def create_app(config: WebConfig, client: EngineClient, embeddings: AsyncEmbeddingClient | None = None) -> Litestar:
+    return app_of(build_gateway(config, client, embeddings=embeddings))
 
 
 def app_of(gateway: Gateway) -> Litestar:
@@ -193,6 +205,7 @@ def app_of(gateway: Gateway) -> Litestar:
         openai_router(api_key),
         anthropic_router(api_key),
         responses_router(api_key),
+        ollama_router(api_key),
         publish_router(api_key),
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),
@@ -206,7 +219,7 @@ def app_of(gateway: Gateway) -> Litestar:
         route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],
         dependencies=dependencies,
         template_config=browser.template_config,
-        exception_handlers=on_messages_paths(EXCEPTION_HANDLERS),
+        exception_handlers=on_ollama_paths(on_messages_paths(EXCEPTION_HANDLERS)),
         lifespan=[lifespan],
         request_max_body_size=gateway.config.max_body_bytes,
         openapi_config=None,  # the document is web/system/openapi.py's: Litestar's alone is wrong (and at /schema)

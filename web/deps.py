@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.backends.router import Router as _Router
 from web.config import WebConfig
+from web.embeddings.service import Embedder as _Embedder
 from web.generation.gate import EngineGate
 from web.generation.inflight import InFlight as _InFlight
 from web.generation.prompts import Prompts as _Prompts
@@ -24,6 +25,7 @@ from web.system.models import ModelSwitch
 
 Admin = NamedDependency[AdminAuth]
 Config = NamedDependency[WebConfig]
+Embedder = NamedDependency[_Embedder]
 Gate = NamedDependency[EngineGate]
 Generations = NamedDependency[_Generations]
 History = NamedDependency[HistoryService]

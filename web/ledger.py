@@ -194,6 +194,22 @@ class Ledger:
             return held
         return replace(held, params=msgspec.structs.replace(held.params, max_tokens=granted))
 
+    async def admit_tokens(self, log: RequestLog, key: KeyInfo, tokens: int, prompt_text: str | None) -> None:
+        """Admit a request that generates nothing (embeddings): one of the key's concurrent slots, `tokens` (an
+        upper bound of its input) reserved and the queued row written in one transaction, or raise with nothing
+        left taken. settle() charges the tokens the row then counts."""
+        log.prompt_text = prompt_text if self.store_text else None
+        log.prompt_tokens = log.reserved_tokens = tokens
+        log.max_tokens_applied = 0
+        self.limiter.acquire(key.id, key.max_concurrent)
+        try:
+            if not await self._reserve(key, log):
+                raise await self._quota_error(key, log)
+        except BaseException:
+            self.limiter.release(key.id)
+            raise
+        self.writer.retry_now()
+
     async def _reserve_up_to(self, key: KeyInfo, log: RequestLog, max_tokens: int, n: int) -> int:
         """Reserve for n choices of max_tokens, else of what the quota has left shared among them, else raise
         InsufficientQuota."""
@@ -235,9 +251,11 @@ class Ledger:
         headers = {"Retry-After": str(max(1, ceil((resets - now).total_seconds())))} if resets is not None else {}
         # Waiting helps only where the quota resets; otherwise only the admin can (`appliance keys set`).
         advice = "Wait for the reset or ask" if resets is not None else "Ask"
+        # An embedding request (admit_tokens) generates nothing: its input is what does not fit.
+        short = "which leaves no room for a completion" if log.max_tokens_applied else "too few for its input"
         return InsufficientQuota(
             f"insufficient quota: this request's prompt takes {log.prompt_tokens} tokens and this API key has "
-            f"{remaining} of {key.quota_tokens} tokens left {scope}{when}, which leaves no room for a completion. "
+            f"{remaining} of {key.quota_tokens} tokens left {scope}{when}, {short}. "
             f"{advice} the administrator for more quota.",
             headers=headers,
         )

@@ -51,7 +51,9 @@ API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM = (
 
 def policy(path: str) -> str:
     """Who may call a route, by where it lives. A route in no known place fails the matrix: decide, then add it."""
-    if path.startswith("/v1/"):
+    if path == "/api/version":  # open, as Ollama's (clients probe it first); it says nothing of the models
+        return PUBLIC
+    if path.startswith(("/v1/", "/api/")):
         return API_KEY
     if path.startswith("/admin/api/"):
         return ADMIN_ONLY
@@ -89,6 +91,18 @@ ALLOWED: dict[tuple[str, str], Call] = {
     # No stored response has this id: past the guard, a 404 (test_a_stored_response_is_its_keys_alone has the 200s).
     ("GET", "/v1/responses/{response_id:str}"): Call(404),
     ("DELETE", "/v1/responses/{response_id:str}"): Call(404),
+    # The app on the fake engine has no embedding model: past the guard, the 404 that names the setting.
+    ("POST", "/v1/embeddings"): Call(404, json={"model": "all-MiniLM-L6-v2", "input": "hi"}),
+    ("GET", "/api/version"): Call(200),
+    ("GET", "/api/tags"): Call(200),
+    ("GET", "/api/ps"): Call(200),
+    ("POST", "/api/show"): Call(200, json={"model": MODEL}),
+    ("POST", "/api/chat"): Call(200, json={**CHAT, "stream": False}),
+    ("POST", "/api/generate"): Call(200, json={"model": MODEL, "prompt": "hi", "stream": False}),
+    ("POST", "/api/embed"): Call(404, json={"model": "all-MiniLM-L6-v2", "input": "hi"}),
+    ("POST", "/api/embeddings"): Call(404, json={"model": "all-MiniLM-L6-v2", "prompt": "hi"}),
+    **{("POST", f"/api/{name}"): Call(403, json={"model": MODEL}) for name in ("pull", "push", "create", "copy")},
+    ("DELETE", "/api/delete"): Call(403),  # the operator manages the models
     # The fake engine has no tokenizer files to publish: past the guard, a 404 (tests/backends has the 200s).
     ("GET", "/v1/tokenizer"): Call(404, params={"model": MODEL}),
     ("GET", "/health"): Call(200),
@@ -200,6 +214,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
     elif path.startswith("/v1/messages"):  # the Anthropic API's own error shape
         assert response.status_code == 401, where
         assert response.json()["error"]["type"] == "authentication_error", where
+    elif path.startswith("/api/"):  # Ollama's: {"error": "..."}
+        assert response.status_code == 401, where
+        assert set(response.json()) == {"error"} and "API key" in response.json()["error"], where
     else:
         assert_openai_error(response, 401)
         if rule in (ADMIN_ONLY, METRICS):

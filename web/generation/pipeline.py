@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from litestar import Request, Response
 
-from engine import ContextLengthError, InvalidRequestError, RequestOutput
+from engine import ContextLengthError, InvalidRequestError, QueuePosition, RequestOutput
 from web.backends.protocol import Served
 from web.errors import AppError, InvalidRequest
 from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
@@ -19,7 +19,7 @@ from web.generation.gate import EngineGate
 from web.generation.intake import new_log, read_body
 from web.generation.prompts import Ask, Prompts
 from web.generation.run import Generation, Generations
-from web.generation.stream import Collected, collect, start_stream
+from web.generation.stream import Collected, collect, queue_comment, start_stream
 from web.history.record import RequestLog
 from web.keys.service import KeyInfo
 from web.ledger import Ledger
@@ -43,6 +43,11 @@ class Dialect(ABC, Generic[Body]):
     id_prefix: ClassVar[str]  # of the history id, which the answer carries as its id
     done: ClassVar[bytes]  # the stream's last frame
     param_names: ClassVar[Mapping[str, str]] = {}  # the engine's field names as this API's body spells them
+    media_type: ClassVar[str] = "text/event-stream"  # of a stream
+
+    def waiting(self, position: QueuePosition | None) -> bytes:
+        """The frame that tells a streamed request still queued where it waits (SSE: a comment)."""
+        return queue_comment(position)
 
     @abstractmethod
     def decode(self, raw: bytes) -> Body: ...
@@ -94,7 +99,14 @@ async def serve(
         if streams:
             frames = dialect.frames(body, generation)
             response = await start_stream(
-                request, generation, frames.frames, frames.closing, dialect.error_frame, dialect.done
+                request,
+                generation,
+                frames.frames,
+                frames.closing,
+                dialect.error_frame,
+                dialect.done,
+                dialect.media_type,
+                dialect.waiting,
             )
         else:
             try:

@@ -103,13 +103,17 @@ async def start_stream(
     closing: Callable[[], Awaitable[list[bytes]]],
     error_frame: Callable[[AppError], bytes],
     done: bytes,
+    media_type: str = "text/event-stream",
+    waiting: Callable[[QueuePosition | None], bytes] = queue_comment,
 ) -> Response[Any]:
     """Wait a moment for the first delta, so refusals still get their HTTP status, then stream SSE frames; a
     request still queued by then gets the status 200 and a comment about once a second saying where it stands
     until its first delta (a refusal after that comes in-band, as for an engine that dies mid-stream).
 
     `frames(out, is_first)` turns a delta into SSE frames; `closing()` gives the frames after the last delta;
-    `error_frame` and `done` are the dialect's (OpenAI's: an "error" event, then [DONE])."""
+    `error_frame` and `done` are the dialect's (OpenAI's: an "error" event, then [DONE]); so are `media_type` and
+    `waiting`, the frame that tells a queued client where it stands (empty: the stream's format has no comments,
+    and the client only sees its status line until the first delta)."""
     pending = asyncio.ensure_future(generation.first())
 
     async def finish() -> None:
@@ -136,7 +140,8 @@ async def start_stream(
         # One write per delta: each write is a syscall (and a wake-up of the client), the main cost per token.
         try:
             while not pending.done():
-                yield queue_comment(generation.queue_position())
+                if notice := waiting(generation.queue_position()):
+                    yield notice
                 await asyncio.wait((pending,), timeout=QUEUE_NOTICE_S)
             yield b"".join(frames(pending.result(), True))  # a refusal that came late is raised here, in-band
             async for out in generation:
@@ -164,7 +169,7 @@ async def start_stream(
     # generator above may be left suspended; finish() is idempotent.
     return Stream(
         events(),
-        media_type="text/event-stream",
+        media_type=media_type,
         headers=SSE_HEADERS,
         background=BackgroundTask(finish),
     )

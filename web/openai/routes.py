@@ -18,6 +18,7 @@ from web.generation.stream import Collected
 from web.history.record import RequestLog
 from web.openai import formatting as fmt
 from web.openai import service
+from web.openai.embeddings import create_embeddings
 from web.openai.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from web.openai.streaming import ChatFrames, CompletionFrames, created_now, usage_of
 from web.openai.tools import chat_choice
@@ -104,8 +105,9 @@ async def completions(
     return await serve(request, dialect, prompts, gate, ledger, generations)
 
 
-def _model_cards(gate: deps.Gate, router: deps.Router) -> list[ModelCard]:
-    """The union of the models the backends serve now, and the local engine's while it loads."""
+def _model_cards(gate: deps.Gate, router: deps.Router, embedder: deps.Embedder) -> list[ModelCard]:
+    """The union of the models the backends serve now, the local engine's while it loads, and the embedding
+    model once it is ready."""
     names = router.model_names()
     if router.embedded is not None and gate.model_name and gate.model_name not in names:
         names.insert(0, gate.model_name)
@@ -115,18 +117,24 @@ def _model_cards(gate: deps.Gate, router: deps.Router) -> list[ModelCard]:
         info = served.info if served is not None else gate.client.model_info
         context = info.max_model_len if info is not None else None
         cards.append(ModelCard(id=name, created=gate.started_at, owned_by="appliance", max_model_len=context))
+    embedding = embedder.info
+    if embedding is not None and embedding.name not in names:
+        cards.append(ModelCard(embedding.name, gate.started_at, "appliance", embedding.max_input_tokens))
     return cards
 
 
 @get("/models")
-async def list_models(gate: deps.Gate, router: deps.Router) -> Response[Any]:
-    return Response(fmt.encoder.encode(ModelList(_model_cards(gate, router))), media_type="application/json")
+async def list_models(gate: deps.Gate, router: deps.Router, embedder: deps.Embedder) -> Response[Any]:
+    cards = _model_cards(gate, router, embedder)
+    return Response(fmt.encoder.encode(ModelList(cards)), media_type="application/json")
 
 
 @get("/models/{model_id:path}")
-async def retrieve_model(gate: deps.Gate, router: deps.Router, model_id: FromPath[str]) -> Response[Any]:
+async def retrieve_model(
+    gate: deps.Gate, router: deps.Router, embedder: deps.Embedder, model_id: FromPath[str]
+) -> Response[Any]:
     name = model_id.lstrip("/")
-    card = next((c for c in _model_cards(gate, router) if c.id == name), None)
+    card = next((c for c in _model_cards(gate, router, embedder) if c.id == name), None)
     if card is None:
         raise model_refusal(router, name)
     return Response(fmt.encoder.encode(card), media_type="application/json")
@@ -136,6 +144,6 @@ def openai_router(authenticate: Guard) -> Router:
     """The /v1 API behind `authenticate` (the API-key guard)."""
     return Router(
         path="/v1",
-        route_handlers=[chat_completions, completions, list_models, retrieve_model],
+        route_handlers=[chat_completions, completions, create_embeddings, list_models, retrieve_model],
         guards=[authenticate],
     )

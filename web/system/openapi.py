@@ -22,6 +22,8 @@ from web.anthropic import document as anthropic_document
 from web.generation.gate import EngineGate
 from web.history.record import STATUSES
 from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
+from web.ollama import document as ollama_document
+from web.openai.embeddings import INPUT_SCHEMA, EmbeddingList, EmbeddingRequest
 from web.openai.schemas import (
     STREAM_OPTIONS_NEED_STREAM,
     ChatCompletion,
@@ -64,6 +66,7 @@ ERROR_SCHEMA = {
 V1_TYPES: dict[tuple[str, str], tuple[type | None, type]] = {
     ("post", "/v1/chat/completions"): (ChatCompletionRequest, ChatCompletion),
     ("post", "/v1/completions"): (CompletionRequest, Completion),
+    ("post", "/v1/embeddings"): (EmbeddingRequest, EmbeddingList),
     ("get", "/v1/models"): (None, ModelList),
     ("get", "/v1/models/{model_id}"): (None, ModelCard),
 }
@@ -115,6 +118,7 @@ def completed_document(
         for method, operation in item.items():
             _complete_operation(path, method, operation)
     anthropic_document.complete(doc, model, max_model_len)  # after: its operations answer in Anthropic's shape
+    ollama_document.complete(doc, model)  # and these in Ollama's
     return doc
 
 
@@ -134,6 +138,7 @@ def _for_the_served_model(
         body["properties"]["logit_bias"] = logit_bias_schema(body["properties"]["logit_bias"], vocab)
     chat["properties"]["chat_template_kwargs"] = template_kwargs_schema(chat["properties"]["chat_template_kwargs"])
     completion["properties"]["prompt"] = prompt_schema(vocab)
+    components["EmbeddingRequest"]["properties"]["input"] = INPUT_SCHEMA
     components["ChatMessage"] = message_schema(components["ChatMessage"])
 
 
@@ -210,7 +215,7 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     responses = operation["responses"]
     if response_type is not None:
         content = {"application/json": {"schema": {"$ref": REF.format(name=response_type.__name__)}}}
-        if request_type is not None:
+        if path in CHUNKS:
             content["text/event-stream"] = {"schema": _event(CHUNKS[path])}
         responses["200"] = {"description": "OK", "content": content}
     if path == "/metrics":
