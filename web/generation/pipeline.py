@@ -17,6 +17,7 @@ from web.errors import AppError, InvalidRequest
 from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 from web.generation.gate import EngineGate
 from web.generation.intake import new_log, read_body
+from web.generation.policy import trimmed_to
 from web.generation.prompts import Ask, Prompts
 from web.generation.run import Generation, Generations
 from web.generation.stream import Collected, collect, start_stream
@@ -103,7 +104,7 @@ async def serve(
                 response = Response(b"", status_code=CLIENT_CLOSED)
             else:
                 response = Response(dialect.reply(body, generation, done), media_type="application/json")
-    response.headers.update(dialect.headers(log))
+    response.headers.update(dialect.headers(log) | trimmed_to(log))
     return response
 
 
