@@ -92,6 +92,7 @@ async def serve(
             with _engine_names(dialect):
                 prepared = await prompts.prepare(ask, key)
             generation = await generations.admit(log, key, prepared)
+            generation.access_state = request.scope.setdefault("state", {})  # its tokens, once settled
         if streams:
             frames = dialect.frames(body, generation)
             response = await start_stream(
