@@ -127,6 +127,11 @@ class Settings:
     default_max_tokens: int = setting(
         1024, "max_tokens applied when neither the request nor its key sets one (capped by the context)."
     )
+    max_tokens_policy: str = setting(
+        "trim",
+        "A max_tokens above the key's cap or what the context leaves after the prompt: trim (runs with what fits, "
+        "ends with finish_reason length, says x-max-tokens-trimmed-to) or refuse (400).",
+    )
     log_level: str = setting("info", "Log level: debug, info, warning or error.")
     database_url: str | None = setting(
         None,
@@ -297,6 +302,8 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}REQUEST_READ_TIMEOUT must be > 0, not {s.request_read_timeout}")
     if s.drain_timeout < 0:
         raise SettingsError(f"{PREFIX}DRAIN_TIMEOUT must be >= 0, not {s.drain_timeout}")
+    if s.max_tokens_policy not in MAX_TOKENS_POLICIES:
+        raise SettingsError(f"{PREFIX}MAX_TOKENS_POLICY must be trim or refuse, not {s.max_tokens_policy!r}")
     if s.log_level not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"{PREFIX}LOG_LEVEL must be debug, info, warning or error, not {s.log_level!r}")
     if not s.embedding_model:
@@ -316,6 +323,7 @@ def _check(s: Settings) -> None:
 
 
 ENGINES = ("embedded", "vllm")
+MAX_TOKENS_POLICIES = ("trim", "refuse")
 # vLLM quantizes at load only through bitsandbytes' 4-bit NF4 (on CUDA); on a CPU it serves unquantized weights.
 VLLM_QUANTIZATIONS = ("auto", "none", "nf4")
 

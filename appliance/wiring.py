@@ -94,6 +94,7 @@ def web_config(settings: Settings) -> WebConfig:
         metrics_token=settings.metrics_token,
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,
+        trim_max_tokens=settings.max_tokens_policy == "trim",
         backends=parse_backends(settings.backends),
         sticky_backends=settings.sticky_backends,
         backend_max_in_flight=settings.backend_max_in_flight,

@@ -10,7 +10,7 @@ from enum import StrEnum
 import msgspec
 
 from engine.sampling_params import SamplingParams
-from engine.sched.limits import check_fits
+from engine.sched import limits
 from engine.sched.tenant import Tenant
 
 
@@ -94,7 +94,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """The engine's context-length check, for a server to run before it commits to a request."""
-        check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
+        limits.check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
+
+    def room(self, num_prompt_tokens: int) -> int:
+        """The most completion tokens the context and the pool leave after the prompt (below 1: none)."""
+        return limits.room(num_prompt_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
 
 
 class TenantStats(msgspec.Struct, frozen=True):

@@ -154,7 +154,7 @@ def build_gateway(
         ledger=ledger,
         inflight=inflight,
         generations=Generations(router, ledger, inflight, metrics, config.store_text),
-        prompts=Prompts(router, config.default_max_tokens, config.store_text),
+        prompts=Prompts(router, config.default_max_tokens, config.store_text, config.trim_max_tokens),
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
         responses=ResponseStore(sessions, config.store_text),

@@ -18,6 +18,7 @@ class WebConfig:
     metrics_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 1024
+    trim_max_tokens: bool = True  # a max_tokens above the key's cap or the context's room runs with what fits
     sample_interval: float = 5.0
     sample_retention_days: int = 7
     run_migrations: bool = True

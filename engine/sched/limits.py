@@ -7,6 +7,12 @@ from __future__ import annotations
 from engine.errors import ContextLengthError
 
 
+def room(num_prompt_tokens: int, max_model_len: int, kv_capacity_tokens: int) -> int:
+    """The most completion tokens that can follow the prompt (check_fits passes for any max_tokens from 1 to
+    this); below 1 where the prompt alone leaves no room."""
+    return min(max_model_len - num_prompt_tokens, kv_capacity_tokens + 1 - num_prompt_tokens)
+
+
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int, kv_capacity_tokens: int) -> None:
     """Raise ContextLengthError; its `prompt_too_long` says whether the prompt alone leaves no room."""
     if num_prompt_tokens >= max_model_len:

@@ -14,6 +14,7 @@ import pytest
 
 from engine.errors import ContextLengthError, QueueFullError
 from engine.sampling_params import SamplingParams
+from engine.sched import limits
 from engine.sched.block_manager import BlockManager
 from engine.sched.policy import Policy
 from engine.sched.request import Request, RequestStatus
@@ -612,3 +613,16 @@ def test_randomized_run_finishes_everything_within_limits(policy: str, seed: int
         if req.status is not RequestStatus.FINISHED_ABORTED:
             assert req.output_token_ids == expected[req.request_id]
             assert req.finish_reason == ("stop" if req.output_token_ids[-1] == EOS else "length")
+
+
+@pytest.mark.parametrize(("prompt", "context", "kv"), [(10, 64, 1000), (10, 1000, 40), (64, 64, 1000), (50, 64, 40)])
+def test_room_is_the_largest_max_tokens_that_fits(prompt: int, context: int, kv: int) -> None:
+    """room() and check_fits() are one decision: every max_tokens up to the room fits, one more does not."""
+    room = limits.room(prompt, context, kv)
+    if room < 1:
+        with pytest.raises(ContextLengthError):
+            limits.check_fits(prompt, 1, context, kv)
+        return
+    limits.check_fits(prompt, room, context, kv)
+    with pytest.raises(ContextLengthError):
+        limits.check_fits(prompt, room + 1, context, kv)

@@ -125,8 +125,8 @@ def fits_context(served: dict[str, Any]) -> dict[str, Any]:
 
 def _anthropic_fits(schemas: dict[str, Any]) -> None:
     """The Messages API's valid requests: small, text only (image and document blocks are refused: a text-only
-    model), no tool blocks (a tool_result must answer an earlier tool_use, one only in its role's messages) and no
-    tools (as for chat)."""
+    model), no tool blocks (a tool_result must answer an earlier tool_use, one only in its role's messages), no
+    tools (as for chat), and structured output as chat's."""
     for name in ("AnthropicMessagesRequest", "AnthropicCountTokensRequest"):
         properties = schemas[name]["properties"]
         properties["tools"] = {"type": "null"}
@@ -134,6 +134,9 @@ def _anthropic_fits(schemas: dict[str, Any]) -> None:
         _walk(properties["messages"], _small)
         _walk(properties["system"], _small)
     schemas["AnthropicMessagesRequest"]["properties"]["max_tokens"] = bounded(1, COMPLETION)
+    # As response_format's: the compiler says which schemas it can enforce; and one of the two spellings at a time.
+    schemas["AnthropicOutputFormat"]["properties"]["schema"] = {"const": {"type": "object"}}
+    schemas["AnthropicMessagesRequest"]["properties"]["output_format"] = {"type": "null"}
     content = schemas["AnthropicMessage"]["properties"]["content"]
     blocks = next(branch for branch in content["anyOf"] if branch.get("type") == "array")
     kept = ("AnthropicTextBlock", "AnthropicThinkingBlock", "AnthropicRedactedThinkingBlock")

@@ -192,7 +192,8 @@ async def test_count_tokens_admits_nothing(client: Any, key: str, db: sqlite3.Co
     [
         ({"max_tokens": None}, "max_tokens"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "user", "content": [{"type": "video", "text": "x"}]}]}, "type"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text-only"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "text-only"),
@@ -207,7 +208,11 @@ async def test_count_tokens_admits_nothing(client: Any, key: str, db: sqlite3.Co
         ({"temperature": 1.5}, "temperature"),
         ({"top_k": -1}, "top_k"),
         ({"stop_sequences": [""]}, "stop_sequences"),
-        ({"max_tokens": 100_000}, "max_tokens"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": 5}}}, "output_config.format.schema"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, "output_config.format"),
+        ({"output_format": {"type": "json_schema", "schema": {"type": "nope"}}}, "output_format"),
+        ({"output_format": {"type": "text"}}, "output_format.type"),
+        ({"thinking": "on"}, "thinking"),
     ],
 )
 async def test_bad_bodies_are_invalid_request_errors(
@@ -248,8 +253,10 @@ async def test_quota_and_key_cap(client: Any, db: sqlite3.Connection) -> None:
     poor = await new_key(client, name="poor", quota_tokens=10, quota_period="none")
     assert "quota" in assert_anthropic_error(await send(client, poor, BODY), 429, "rate_limit_error")
     capped = await new_key(client, name="capped", max_tokens_per_request=2)
-    assert "limit" in assert_anthropic_error(await send(client, capped, BODY), 400, "invalid_request_error")
-    assert [r["status"] for r in rows(db, "SELECT status FROM requests")] == ["rejected", "rejected"]
+    trimmed = await send(client, capped, BODY)  # asks for 3: runs with the cap's 2 (the default policy)
+    assert trimmed.json()["stop_reason"] == "max_tokens" and trimmed.json()["usage"]["output_tokens"] == 2
+    assert trimmed.headers["x-max-tokens-trimmed-to"] == "2"
+    assert sorted(r["status"] for r in rows(db, "SELECT status FROM requests")) == ["finished", "rejected"]
 
 
 async def test_overloaded_is_529(client: Any, key: str, fake: FakeEngineClient, db: sqlite3.Connection) -> None:

@@ -1,15 +1,17 @@
 """The official `anthropic` SDK against a real server on random:tiny: messages.create, messages.stream (its text
 stream and final message), count_tokens, a forced tool whose tool_use input validates against the tool's schema
-(grammar-constrained, so even a random model complies), and the SDK's own exceptions for a bad key and a bad
-body."""
+(grammar-constrained, so even a random model complies), the SDK's own exceptions for a bad key and a bad
+body, and Claude Code's default session: system messages inside messages, thinking, output_config.format (JSON that
+parses and validates, by hand and through the SDK's parse)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from tests.web.conftest import ADMIN
 from tests.web.server import Server
@@ -115,3 +117,47 @@ def test_bad_key_and_bad_body_are_the_sdk_errors(server: Server, client: anthrop
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [IMAGE]}])
     assert "text-only" in str(bad.value)
+
+
+class Title(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["question", "greeting", "task"]
+    urgent: bool
+
+
+def test_claude_codes_session_system_messages_inside_messages_and_thinking(client: anthropic.Anthropic) -> None:
+    """Claude Code's default session: system messages in the conversation, thinking and context_management."""
+    message = client.messages.create(
+        model=MODEL,
+        max_tokens=32000,  # above the key's cap of 64: trimmed to it, not refused
+        system="You are a coding assistant.",
+        messages=[
+            {"role": "system", "content": "The user prefers short answers."},  # type: ignore[list-item]
+            {"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "system", "content": [{"type": "text", "text": "<system-reminder>be kind</system-reminder>"}]},  # type: ignore[list-item]
+            {"role": "user", "content": "Again."},
+        ],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+    )
+    assert message.stop_reason in ("end_turn", "max_tokens") and message.content[0].type == "text"
+    assert 0 < message.usage.output_tokens <= 64
+    alone = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Again."}])
+    assert message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) > alone.input_tokens + 20
+
+
+def test_output_config_format_gives_json_that_matches_the_schema(client: anthropic.Anthropic) -> None:
+    schema = Title.model_json_schema()
+    message = client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Title this: how do I sort a list?"}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert message.stop_reason == "end_turn" and message.content[0].type == "text"
+    Title.model_validate_json(message.content[0].text)
+    parsed = client.messages.parse(  # the SDK's own structured-output call: it sends output_config.format
+        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Hi there!"}], output_format=Title
+    )
+    assert isinstance(parsed.parsed_output, Title)

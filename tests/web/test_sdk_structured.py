@@ -117,3 +117,17 @@ def test_langchain_with_structured_output(server: Server) -> None:
     )
     place = llm.with_structured_output(Place).invoke("Which city, and is it a capital?")
     assert isinstance(place, Place)
+
+
+def test_a_max_tokens_above_the_cap_runs_trimmed(server: Server) -> None:
+    """Open WebUI's title request asks max_tokens 1000 of a key capped lower: it runs with the cap and says so."""
+    key = server.new_key(max_tokens_per_request=8)
+    capped = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    raw = capped.chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, max_tokens=1000, extra_body={"ignore_eos": True}
+    )
+    completion = raw.parse()
+    assert raw.headers["x-max-tokens-trimmed-to"] == "8"
+    assert completion.choices[0].finish_reason == "length" and completion.usage is not None
+    assert completion.usage.completion_tokens == 8
+    assert server.request_row(completion.id)["max_tokens_requested"] == 1000

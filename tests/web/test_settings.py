@@ -50,11 +50,17 @@ def test_env_file_is_read_and_environment_wins(tmp_path: Path) -> None:
         ({"APPLIANCE_DRAIN_TIMEOUT": "-1"}, "APPLIANCE_DRAIN_TIMEOUT"),
         ({"APPLIANCE_PROT": "80"}, "APPLIANCE_PROT"),
         ({"APPLIANCE_ENV_FILE": "/nonexistent/appliance.env"}, "APPLIANCE_ENV_FILE"),
+        ({"APPLIANCE_MAX_TOKENS_POLICY": "clip"}, "APPLIANCE_MAX_TOKENS_POLICY"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], names: str) -> None:
     with pytest.raises(SettingsError, match=names):
         load_settings(env)
+
+
+def test_max_tokens_policy_reaches_the_web_config() -> None:
+    assert web_config(load_settings({})).trim_max_tokens is True
+    assert web_config(load_settings({"APPLIANCE_MAX_TOKENS_POLICY": "refuse"})).trim_max_tokens is False
 
 
 def test_engine_settings_are_checked_by_the_engine_config() -> None:

@@ -67,8 +67,12 @@ Block = TextBlock | ImageBlock | DocumentBlock | ThinkingBlock | RedactedThinkin
 
 
 class Message(Struct, kw_only=True):
-    role: Literal["user", "assistant"]
+    """A turn; a `system` one (Claude Code's mid-conversation system messages) carries text only, and with
+    clear_at "next_user_message" is shown only until a later user message comes."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
+    clear_at: Literal["next_user_message", "never"] | None = None
 
 
 class Tool(Struct, kw_only=True):
@@ -99,6 +103,17 @@ class NoneChoice(Struct, tag="none", tag_field="type", kw_only=True):
 ToolChoice = AutoChoice | AnyChoice | NamedChoice | NoneChoice
 
 
+class OutputFormat(Struct, kw_only=True):
+    """Structured output: the answer's text is JSON valid against `schema` (grammar-constrained)."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(Struct, kw_only=True):
+    format: OutputFormat | None = None  # effort and task_budget mean nothing to this server: ignored
+
+
 class Metadata(Struct, kw_only=True):
     user_id: Name | None = None
 
@@ -121,6 +136,12 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: Annotated[int, Meta(ge=0, le=TOP_K_MAX)] | None = None  # 0: no cut
     metadata: Metadata | None = None
     stream: bool = False
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling of output_config.format
+    # Claude Code sends these on every request: this model has no reasoning budget and the server edits no context,
+    # so they are taken and ignored (as are fields this server does not know).
+    thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 # -- responses ----------------------------------------------------------------------------------------------

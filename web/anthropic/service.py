@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from engine import GuidedDecoding
 from web.anthropic.schemas import (
     AnyChoice,
     CountTokensRequest,
@@ -15,7 +18,9 @@ from web.anthropic.schemas import (
     MessagesRequest,
     NamedChoice,
     NoneChoice,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -23,23 +28,52 @@ from web.backends.protocol import Served
 from web.errors import InvalidRequest, UnsupportedParameter
 from web.generation.decoding import BodyDecoder
 from web.generation.prompts import Ask, Chat
-from web.generation.sampling import Sampling, forced_tool_guided
+from web.generation.sampling import Sampling, check_guided, forced_tool_guided
 from web.tools import AUTO, ToolChoice, ToolPlan, named_choice, tool_spec
 
 decode_messages = BodyDecoder(MessagesRequest)
 decode_count = BodyDecoder(CountTokensRequest)
 
 
-def conversation(body: CountTokensRequest) -> list[dict[str, Any]]:
-    """The messages as the chat template takes them; a tool_result must answer an earlier tool_use."""
-    out: list[dict[str, Any]] = []
+def conversation(body: CountTokensRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages as the chat template takes them (a tool_result must answer an earlier tool_use): the system
+    prompt and the system messages before the first turn in one leading system message, later system messages as
+    system turns where they stand. For a template that refuses those, the same conversation with them folded into
+    the leading one (the template decides: web/generation/prompts.py tries it as it is first)."""
     system = body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system or ())
-    if system:
-        out.append({"role": "system", "content": system})
+    leading = [system] if system else []
+    turns: list[dict[str, Any]] = []
     calls: set[str] = set()
+    last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
     for i, message in enumerate(body.messages):
-        out.extend(_turn(message, i, calls))
-    return out
+        if message.role != "system":
+            turns.extend(_turn(message, i, calls))
+        elif message.clear_at != "next_user_message" or i > last_user:
+            text = _system_text(message, i)
+            if text and turns:
+                turns.append({"role": "system", "content": text})
+            elif text:
+                leading.append(text)
+    late = [t["content"] for t in turns if t["role"] == "system"]
+    head = [{"role": "system", "content": "\n\n".join(leading)}] if leading else []
+    folded = None
+    if late:
+        folded = [{"role": "system", "content": "\n\n".join(leading + late)}]
+        folded += [t for t in turns if t["role"] != "system"]
+    return head + turns, folded
+
+
+def _system_text(message: Message, i: int) -> str:
+    """A system message's text: text blocks only (thinking blocks are dropped, as everywhere)."""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, block in enumerate(message.content):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif not isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            raise InvalidRequest("system messages carry text blocks only", param=f"messages[{i}].content[{j}].type")
+    return "\n".join(texts)
 
 
 def _turn(message: Message, i: int, calls: set[str]) -> list[dict[str, Any]]:
@@ -125,7 +159,9 @@ def tool_plan(body: CountTokensRequest, tokenizer: Any) -> ToolPlan:
 
 async def message_ask(body: MessagesRequest, served: Served) -> Ask:
     plan = tool_plan(body, served.tokenizer)
-    guided = await forced_tool_guided(plan, None)  # tool_choice any or tool: the arguments validate
+    guided, param = output_guided(body)
+    await check_guided(guided, param)
+    guided = await forced_tool_guided(plan, guided)  # tool_choice any or tool: the arguments validate
     sampling = Sampling(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -133,10 +169,27 @@ async def message_ask(body: MessagesRequest, served: Served) -> Ask:
         stop=tuple(body.stop_sequences or ()),
         guided=guided,
     )
-    return Ask(served, Chat(conversation(body), plan), sampling, body.max_tokens)
+    return Ask(served, _chat(body, plan), sampling, body.max_tokens)
+
+
+def output_guided(body: MessagesRequest) -> tuple[GuidedDecoding | None, str]:
+    """output_config.format (or the beta's output_format) as the engine's constraint, and the field it came from."""
+    spec = body.output_config.format if body.output_config else None
+    if spec is not None and body.output_format is not None:
+        raise InvalidRequest("give output_config.format or output_format, not both", param="output_format")
+    param = "output_config.format" if spec is not None else "output_format"
+    spec = spec or body.output_format
+    if spec is None:
+        return None, param
+    return GuidedDecoding(kind="json_schema", schema=msgspec.json.encode(spec.schema).decode()), param
 
 
 def count_ask(body: CountTokensRequest, served: Served) -> Ask:
     """The prompt as /v1/messages would render it (nothing is sampled)."""
     plan = tool_plan(body, served.tokenizer)
-    return Ask(served, Chat(conversation(body), plan))
+    return Ask(served, _chat(body, plan))
+
+
+def _chat(body: CountTokensRequest, plan: ToolPlan) -> Chat:
+    messages, folded = conversation(body)
+    return Chat(messages, plan, folded=folded)

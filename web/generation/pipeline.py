@@ -17,6 +17,7 @@ from web.errors import AppError, InvalidRequest
 from web.generation.disconnect import CLIENT_CLOSED, ClientDisconnected
 from web.generation.gate import EngineGate
 from web.generation.intake import new_log, read_body
+from web.generation.policy import trimmed_to
 from web.generation.prompts import Ask, Prompts
 from web.generation.run import Generation, Generations
 from web.generation.stream import Collected, collect, queue_comment, start_stream
@@ -96,6 +97,7 @@ async def serve(
             with _engine_names(dialect):
                 prepared = await prompts.prepare(ask, key)
             generation = await generations.admit(log, key, prepared)
+            generation.access_state = request.scope.setdefault("state", {})  # its tokens, once settled
         if streams:
             frames = dialect.frames(body, generation)
             response = await start_stream(
@@ -115,7 +117,7 @@ async def serve(
                 response = Response(b"", status_code=CLIENT_CLOSED)
             else:
                 response = Response(await dialect.reply(body, generation, done), media_type="application/json")
-    response.headers.update(dialect.headers(log))
+    response.headers.update(dialect.headers(log) | trimmed_to(log))
     return response
 
 

@@ -1,5 +1,6 @@
-"""A key's policy applied to a request: the max_tokens it runs with (within the key's cap; the server default
-shortened to what the context leaves), and the one prepared value admission and the engine take."""
+"""A key's policy applied to a request: the max_tokens it runs with (within the key's cap and what the context
+leaves: trimmed, or refused where the operator wants it strict), and the one prepared value admission and the engine
+take."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import msgspec
 
 from engine import ContextLengthError, ModelInfo, SamplingParams, Tenant
 from web.errors import ContextLengthExceeded, InvalidRequest
+from web.history.record import RequestLog
 from web.keys.service import KeyInfo
 from web.tools import NO_TOOLS, ToolPlan
+
+TRIMMED_HEADER = "x-max-tokens-trimmed-to"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,23 +40,43 @@ class Prepared:
 
 
 def effective_max_tokens(
-    requested: int | None, key: KeyInfo, default: int, prompt_tokens: int, info: ModelInfo, prompt_field: str
+    requested: int | None,
+    key: KeyInfo,
+    default: int,
+    prompt_tokens: int,
+    info: ModelInfo,
+    prompt_field: str,
+    trim: bool = True,
 ) -> int:
-    """What the request asked, within its key's cap; without an ask the key's cap or the server default, shortened
-    to what the context leaves. Whether prompt + max_tokens fits is the engine's check (ModelInfo.check_fits);
-    `prompt_field` names the body's prompt when the prompt alone is too long."""
+    """The one decision on a request's max_tokens. The prompt alone must leave room (else a 400 naming
+    `prompt_field`). Without an ask: the key's cap or the server default, within that room. An ask above the key's
+    cap or the room is trimmed to what fits (the request then ends with finish_reason "length"; the answer's
+    x-max-tokens-trimmed-to says so), or, with `trim` off, refused as before (400)."""
+    try:
+        info.check_fits(prompt_tokens, 1)
+    except ContextLengthError as exc:
+        raise ContextLengthExceeded(str(exc), param=prompt_field) from None
     cap = key.max_tokens_per_request
+    room = info.room(prompt_tokens)
     if requested is None:
-        chosen = min(cap if cap is not None else default, max(info.max_model_len - prompt_tokens, 1))
-    elif cap is not None and requested > cap:
+        return min(cap if cap is not None else default, room)
+    if trim:
+        return min(requested, room, cap if cap is not None else requested)
+    if cap is not None and requested > cap:
         raise InvalidRequest(
             f"max_tokens {requested} is above this API key's limit of {cap} tokens per request", param="max_tokens"
         )
-    else:
-        chosen = requested
     try:
-        info.check_fits(prompt_tokens, chosen)
+        info.check_fits(prompt_tokens, requested)
     except ContextLengthError as exc:
-        param = prompt_field if exc.prompt_too_long else exc.param
-        raise ContextLengthExceeded(str(exc), param=param) from None
-    return chosen
+        raise ContextLengthExceeded(str(exc), param=exc.param) from None
+    return requested
+
+
+def trimmed_to(log: RequestLog) -> dict[str, str]:
+    """The header of an answer whose max_tokens runs below what was asked (the key's cap, the context's room, or
+    the quota left cut it): what it runs with."""
+    asked, applied = log.max_tokens_requested, log.max_tokens_applied
+    if asked is None or applied is None or applied >= asked:
+        return {}
+    return {TRIMMED_HEADER: str(applied)}

@@ -15,7 +15,7 @@ from web.backends.router import Router
 from web.errors import AppError, ContextLengthExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable
 from web.generation.policy import Prepared, effective_max_tokens
 from web.generation.sampling import Sampling
-from web.keys.service import KeyInfo
+from web.keys.service import SQLITE_INT_MAX, KeyInfo
 from web.tools import NO_TOOLS, ToolPlan, template_inputs
 
 T = TypeVar("T")
@@ -30,11 +30,13 @@ SHOWN_CHARS = 64
 @dataclass(frozen=True, slots=True)
 class Chat:
     """A conversation in the chat template's shape (each message with a text "content"; tool turns in the HF
-    shape, web/tools), the tools it offers (rendered by the template, and read back from the answer)."""
+    shape, web/tools), the tools it offers (rendered by the template, and read back from the answer). `folded`: the
+    same conversation for a template that refuses its system turns after the first (they folded into that one)."""
 
     messages: list[dict[str, Any]]
     tools: ToolPlan = NO_TOOLS
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    folded: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +74,11 @@ def model_refusal(router: Router, model: str) -> AppError:
 class Prompts:
     """Turns Asks into Prepared values for the model they name and the caller's key."""
 
-    def __init__(self, router: Router, default_max_tokens: int, store_text: bool) -> None:
+    def __init__(self, router: Router, default_max_tokens: int, store_text: bool, trim_max_tokens: bool = True) -> None:
         self.router = router
         self.default_max_tokens = default_max_tokens
         self.store_text = store_text
+        self.trim_max_tokens = trim_max_tokens  # a max_tokens that does not fit runs with what fits, else a 400
 
     def served(self, model: str) -> Served:
         """The model a request names, as a backend up serves it."""
@@ -92,7 +95,9 @@ class Prompts:
         else:
             ids, field_name = await _text_ids(served, prompt.prompt), "prompt"
         info = served.info
-        max_tokens = effective_max_tokens(ask.max_tokens, key, self.default_max_tokens, len(ids), info, field_name)
+        max_tokens = effective_max_tokens(
+            ask.max_tokens, key, self.default_max_tokens, len(ids), info, field_name, self.trim_max_tokens
+        )
         vocab = len(served.tokenizer)
         bad = next((t for t, _ in ask.sampling.logit_bias if t >= vocab), None)
         if bad is not None:
@@ -103,20 +108,30 @@ class Prompts:
         # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission, and
         # so do the seeds of the later choices (seed + i).
         text = _stored(prompt) if self.store_text else None
-        prepared = Prepared(
-            ids, ask.sampling.params(max_tokens), ask.max_tokens, text, n=ask.n, tools=tools, model=served.name
-        )
+        # The history keeps the ask, which a trimmed request may carry far past what a database integer holds.
+        asked = None if ask.max_tokens is None else min(ask.max_tokens, SQLITE_INT_MAX)
+        prepared = Prepared(ids, ask.sampling.params(max_tokens), asked, text, n=ask.n, tools=tools, model=served.name)
         prepared.choices()
         return prepared
 
     async def _chat_ids(self, served: Served, chat: Chat) -> list[int]:
-        """The prompt's ids: messages and tools through the model's template (web/tools/render.py)."""
+        """The prompt's ids: messages and tools through the model's template (web/tools/render.py); the folded
+        conversation where the template refuses the messages as they are."""
         _check_chars(served, sum(len(m["content"]) for m in chat.messages), "messages")
-        tokenizer = served.tokenizer
-        inputs = template_inputs(chat.messages, chat.tools, tokenizer)
-        size = sum(len(m["content"]) for m in inputs["conversation"])
-        extra = {**chat.template_kwargs, "tools": inputs["tools"]}
-        return await _maybe_in_thread(size, _apply_template, tokenizer, inputs["conversation"], extra)
+        try:
+            return await _render(served, chat, chat.messages)
+        except InvalidRequest:
+            if chat.folded is None:
+                raise
+            return await _render(served, chat, chat.folded)
+
+
+async def _render(served: Served, chat: Chat, messages: list[dict[str, Any]]) -> list[int]:
+    tokenizer = served.tokenizer
+    inputs = template_inputs(messages, chat.tools, tokenizer)
+    size = sum(len(m["content"]) for m in inputs["conversation"])
+    extra = {**chat.template_kwargs, "tools": inputs["tools"]}
+    return await _maybe_in_thread(size, _apply_template, tokenizer, inputs["conversation"], extra)
 
 
 async def _text_ids(served: Served, prompt: str | list[int]) -> list[int]:

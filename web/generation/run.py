@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from engine import EngineError, InvalidRequestError, QueueFullError, QueuePosition, RequestOutput, Usage
 from web.backends.router import RoutedStream, Router
@@ -102,6 +103,8 @@ class Generation:
         self.abort_reason: str | None = None
         self.tools: ToolPlan = NO_TOOLS  # how the answer's tool calls are read, the request's (web/tools)
         self.final: RequestOutput | None = None
+        # The HTTP request's ASGI scope state, where the access log (web/system/access.py) reads "tokens".
+        self.access_state: dict[str, Any] | None = None
 
     @property
     def request_id(self) -> str:
@@ -274,6 +277,8 @@ class Generation:
             if self._text is not None:
                 log.response_text = _stored_text(self._text)
             self._owner.inflight.discard(self.request_id)
+            if self.access_state is not None:
+                self.access_state["tokens"] = log.charged_tokens
             await self._owner.ledger.settle(log)
 
     async def _stop_choices(self) -> None:

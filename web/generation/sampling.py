@@ -7,7 +7,7 @@ import asyncio
 
 import msgspec
 
-from engine import GuidedDecoding, SamplingParams, validate_guided
+from engine import GuidedDecoding, InvalidRequestError, SamplingParams, validate_guided
 from web.errors import InvalidRequest
 from web.tools import ToolPlan
 
@@ -64,12 +64,14 @@ async def forced_tool_guided(plan: ToolPlan, guided: GuidedDecoding | None) -> G
     return await asyncio.to_thread(plan.guided)
 
 
-async def check_guided(guided: GuidedDecoding | None) -> None:
+async def check_guided(guided: GuidedDecoding | None, param: str = "response_format") -> None:
     """The engine's check of a constraint, before admission, off the event loop: its first use imports
-    xgrammar (and torch), and a large schema takes a while to parse."""
+    xgrammar (and torch), and a large schema takes a while to parse. A refusal names `param`, the body's field."""
     if guided is None:
         return
     try:
         await asyncio.to_thread(validate_guided, guided)
     except RecursionError:  # msgspec took the nesting; a parser below it may not
-        raise InvalidRequest("the JSON schema is nested too deeply", param="response_format") from None
+        raise InvalidRequest("the JSON schema is nested too deeply", param=param) from None
+    except InvalidRequestError as exc:
+        raise InvalidRequest(str(exc), param=param) from None

@@ -1,6 +1,7 @@
-"""One line per HTTP request in the log (method, path, status, who — a key's name, never the key —, tokens,
-duration) and every refusal counted in /metrics by its code, answered or not (an unknown route, a wrong key);
-HEAD answered on every GET route. Wraps the whole app, so it sees what routing refuses too."""
+"""One line per HTTP request in the log (method, path, status, who — a key's name, never the key —, tokens: those
+a generation was charged, which the pipeline leaves in the scope's state when it settles —, duration) and every
+refusal counted in /metrics by its code, answered or not (an unknown route, a wrong key); HEAD answered on every
+GET route. Wraps the whole app, so it sees what routing refuses too."""
 
 from __future__ import annotations
 

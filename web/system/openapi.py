@@ -226,9 +226,12 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     responses["5XX"] = {"description": "A server error in OpenAI's error shape", "content": error}
 
 
-def _served_model(gate: EngineGate) -> tuple[str | None, int | None, int | None]:
+def _served_model(gate: EngineGate, trims: bool) -> tuple[str | None, int | None, int | None]:
+    """The served model's name, the context that bounds max_tokens (none where a max_tokens that does not fit is
+    trimmed, not refused) and its vocabulary."""
     info, tokenizer = gate.client.model_info, gate.client.tokenizer
-    return gate.model_name, info.max_model_len if info else None, len(tokenizer) if tokenizer is not None else None
+    context = info.max_model_len if info and not trims else None
+    return gate.model_name, context, len(tokenizer) if tokenizer is not None else None
 
 
 def document_router(api: Sequence[Router], admin_guard: Guard, dependencies: Mapping[str, Provide]) -> Router:
@@ -237,10 +240,10 @@ def document_router(api: Sequence[Router], admin_guard: Guard, dependencies: Map
     generated: list[dict[str, Any]] = []
 
     @get("/openapi.json", sync_to_thread=False)
-    def openapi_document(gate: deps.Gate) -> dict[str, Any]:
+    def openapi_document(gate: deps.Gate, prompts: deps.Prompts) -> dict[str, Any]:
         if not generated:
             generated.append(generated_document([*api, router], dependencies))
-        return completed_document(generated[0], *_served_model(gate))
+        return completed_document(generated[0], *_served_model(gate, prompts.trim_max_tokens))
 
     router = Router(path="/admin/api", route_handlers=[openapi_document], guards=[admin_guard])
     return router
