@@ -25,13 +25,19 @@ def gateway(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     host = vllm_server.base_url.removeprefix("http://")
     entry = f"http://:{vllm_server.api_key}@{host}#tokenizer={vllm_server.model_dir}"
     with serving(tmp_path_factory.mktemp("vllm-gateway"), backends=f"embedded,{entry}") as server:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            states = httpx.get(server.url + "/admin/api/backends", headers=ADMIN).json()
-            if all(s["state"] == "up" and s["models"] for s in states):
-                break
+        # Both backends up with their models: the embedded engine's start is the slow one on a busy machine.
+        deadline = time.monotonic() + 240
+        states = backends(server)
+        while not all(s["state"] == "up" and s["models"] for s in states):
+            assert time.monotonic() < deadline, f"the backends did not come up: {states}"
             time.sleep(0.3)
+            states = backends(server)
         yield server
+
+
+def backends(server: Server) -> list[dict[str, object]]:
+    states: list[dict[str, object]] = httpx.get(server.url + "/admin/api/backends", headers=ADMIN).json()
+    return states
 
 
 @pytest.fixture(scope="module")
