@@ -34,6 +34,7 @@ from engine.messages import (
 from engine.sample.guided import validate_guided
 from engine.sampling_params import MAX_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.sched.fair import TenantBook
+from engine.sched.limits import check_prompt
 from engine.sched.tenant import DEFAULT_TENANT, Tenant
 
 if TYPE_CHECKING:
@@ -81,5 +82,6 @@ __all__ = [
     "TenantStats",
     "Timings",
     "Usage",
+    "check_prompt",
     "validate_guided",
 ]

@@ -15,7 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.cpu.decode_kernel import attention_kernel
-from engine.errors import ConfigError, InvalidRequestError
+from engine.errors import ConfigError
 from engine.messages import (
     QUEUE_SNAPSHOT,
     EngineStats,
@@ -39,6 +39,7 @@ from engine.sample.guided_batch import GuidedBatch
 from engine.sample.sampler import TopLogprobs
 from engine.sampling_params import SamplingParams
 from engine.sched.block_manager import BlockManager
+from engine.sched.limits import check_prompt
 from engine.sched.request import Request, RequestStatus
 from engine.sched.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
 from engine.sched.tenant import DEFAULT_TENANT, Tenant
@@ -169,17 +170,7 @@ class EngineCore:
     ) -> None:
         """Queue a request for tenant (None: the one anonymous default tenant); raises InvalidRequestError
         (ContextLengthError) or QueueFullError."""
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
-        # The sampler indexes the logits with these ids: refused here, so no request can crash a step.
-        bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"logit_bias token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", "logit_bias"
-            )
+        check_prompt(prompt_token_ids, (t for t, _ in params.logit_bias), self.vocab_size)
         req = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),

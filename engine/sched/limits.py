@@ -1,10 +1,28 @@
-"""The one context-length check: whether a prompt plus max_tokens can ever run on this model and KV pool.
-The scheduler applies it to every request it queues; servers call it (through ModelInfo) before they commit
-anything to a request, so a refusal costs nothing."""
+"""The request checks made once, in one place: a prompt's ids and logit_bias within the vocabulary
+(check_prompt), and whether a prompt plus max_tokens can ever run on this model and KV pool (check_fits). The
+engine applies them to every request it queues; servers call them (directly, or through ModelInfo) before they
+commit anything to a request, so a refusal costs nothing."""
 
 from __future__ import annotations
 
-from engine.errors import ContextLengthError
+from collections.abc import Iterable, Sequence
+
+from engine.errors import ContextLengthError, InvalidRequestError
+
+
+def check_prompt(prompt_token_ids: Sequence[int], logit_bias_ids: Iterable[int], vocab_size: int) -> None:
+    """Raise InvalidRequestError for an empty prompt, or a prompt or logit_bias id outside 0..vocab_size-1 (the
+    sampler indexes the logits with them: refused before, no request can crash a step)."""
+    if not prompt_token_ids:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "prompt")
+    bad = next((t for t in logit_bias_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"logit_bias token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias"
+        )
 
 
 def room(num_prompt_tokens: int, max_model_len: int, kv_capacity_tokens: int) -> int:

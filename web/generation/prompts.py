@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from engine import check_prompt
 from web.backends.protocol import Served
 from web.backends.router import Router
 from web.errors import AppError, ContextLengthExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable
@@ -94,16 +95,12 @@ class Prompts:
             ids, field_name = await self._chat_ids(served, prompt), "messages"
         else:
             ids, field_name = await _text_ids(served, prompt.prompt), "prompt"
+        # The engine's own check, made here before admission (a remote backend's refusal would come after it).
+        check_prompt(ids, (t for t, _ in ask.sampling.logit_bias), len(served.tokenizer))
         info = served.info
         max_tokens = effective_max_tokens(
             ask.max_tokens, key, self.default_max_tokens, len(ids), info, field_name, self.trim_max_tokens
         )
-        vocab = len(served.tokenizer)
-        bad = next((t for t, _ in ask.sampling.logit_bias if t >= vocab), None)
-        if bad is not None:
-            raise InvalidRequest(
-                f"logit_bias names token {bad}, outside the vocabulary (0..{vocab - 1})", param="logit_bias"
-            )
         tools = prompt.tools if isinstance(prompt, Chat) else NO_TOOLS
         # The engine's own limits on the sampling fields raise InvalidRequestError here, before admission, and
         # so do the seeds of the later choices (seed + i).
@@ -135,21 +132,11 @@ async def _render(served: Served, chat: Chat, messages: list[dict[str, Any]]) ->
 
 
 async def _text_ids(served: Served, prompt: str | list[int]) -> list[int]:
-    """A raw prompt's ids: the text tokenized, or the ids checked against the vocabulary before admission (a
-    remote backend's refusal would come after it)."""
-    tokenizer = served.tokenizer
+    """A raw prompt's ids: the text tokenized, or the ids as given (prepare checks them)."""
     if isinstance(prompt, str):
         _check_chars(served, len(prompt), "prompt")
-        ids = await _maybe_in_thread(len(prompt), _encode, tokenizer, prompt)
-    else:
-        ids = prompt
-        vocab = len(tokenizer)
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
-    if not ids:
-        raise InvalidRequest("the prompt is empty", param="prompt")
-    return ids
+        return await _maybe_in_thread(len(prompt), _encode, served.tokenizer, prompt)
+    return prompt
 
 
 def _stored(prompt: Chat | Text) -> str:
