@@ -31,13 +31,14 @@ class EngineGate:
 
     @property
     def model_name(self) -> str | None:
-        """The box's model as clients name it; where every backend is remote, the first model they serve."""
+        """The box's model as clients name it; where the local engine has none (yet, or at all), the first model
+        the remote backends serve."""
         if self.served_model_name:
             return self.served_model_name
         info = self.client.model_info
         if info is not None:
             return info.name
-        if self.router is not None and self.router.embedded is None:
+        if self.router is not None:
             names = self.router.model_names()
             return names[0] if names else None
         return None
