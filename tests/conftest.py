@@ -36,7 +36,7 @@ TESTS = Path(__file__).resolve().parent
 SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness"})
 # Fixtures that are real processes: a test that takes one is slow wherever it lives.
 VLLM_FIXTURES = frozenset({"vllm_model", "vllm_server"})
-REAL_SERVERS = frozenset({"server", "served", "fleet"}) | VLLM_FIXTURES
+REAL_SERVERS = frozenset({"server", "keeping_server", "served", "fleet"}) | VLLM_FIXTURES
 # Under pytest-xdist (`make test`: -n 2 --dist loadgroup) a group runs on one worker in file order. A module is a
 # group of its own by default: its tests share its module-scoped servers, and some run in order on them (one
 # drains a backend for good). vLLM's tests share one vLLM server (minutes of compiling when its cache is cold), the
@@ -94,4 +94,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     from tests.web.server import serving  # it imports tests/web/conftest.py, which needs the environment above
 
     with serving(tmp_path_factory.mktemp("real-server"), dtype="float32") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def keeping_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The second shared appliance, for what the first does not do: it stores text (so it keeps Responses API
+    answers) and serves the bundled embedding model beside random:tiny (the embeddings and Ollama's routes); one
+    start for both suites. Its tests find their own rows, as on the first."""
+    from tests.web.server import serving
+
+    with serving(tmp_path_factory.mktemp("keeping-server"), dtype="float32", store_text="true",
+                 embedding_model="default") as srv:  # fmt: skip
         yield srv

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ import openai
 import pytest
 
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -33,13 +32,13 @@ LIGHTS = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("ollama-server"), dtype="float32", embedding_model="default") as srv:
-        deadline = 120
-        while deadline and not any(m["id"] == EMBEDDER for m in _models(srv)):  # it loads beside the chat model
-            time.sleep(1)
-            deadline -= 1
-        yield srv
+def server(keeping_server: Server) -> Server:
+    """The shared server with the embedding model, once the model has loaded beside the chat model."""
+    deadline = time.monotonic() + 120
+    while not any(m["id"] == EMBEDDER for m in _models(keeping_server)):
+        assert time.monotonic() < deadline, "the embedding model did not load"
+        time.sleep(1)
+    return keeping_server
 
 
 def _models(srv: Server) -> list[dict[str, Any]]:

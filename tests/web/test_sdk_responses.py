@@ -6,14 +6,13 @@ previous_response_id continuation, retrieve and delete, and another key refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import openai
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from tests.web.server import Server, serving
+from tests.web.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "random:tiny"
@@ -39,10 +38,9 @@ class Place(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def keeping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server of this module's own: the shared one stores no text, so it keeps no responses."""
-    with serving(tmp_path_factory.mktemp("responses"), dtype="float32", store_text="true") as srv:
-        yield srv
+def keeping(keeping_server: Server) -> Server:
+    """The shared server that stores text: the first one stores none, so it keeps no responses."""
+    return keeping_server
 
 
 def sdk(server: Server) -> openai.OpenAI:
