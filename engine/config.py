@@ -99,6 +99,13 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
 
+    def kv_storage(self, compute_dtype: str) -> str:
+        """The KV pool's element type (a torch dtype's name) for a model computing in compute_dtype (float32,
+        bfloat16, float16): kv_cache_dtype resolved. No torch here: the CPU plan asks too."""
+        return {"auto": compute_dtype, "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}.get(
+            self.kv_cache_dtype, "float8_e4m3fn"
+        )
+
     @property
     def model_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
