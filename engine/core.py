@@ -327,6 +327,7 @@ class EngineCore:
             num_kv_blocks=self.kv.num_blocks,
             block_size=self.kv.block_size,
             kv_bytes_per_block=self.kv.bytes_per_block,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
 
     def stats(self) -> EngineStats:
@@ -362,6 +363,7 @@ class EngineCore:
             tenants=self.scheduler.book.snapshot(now),
             queue=[r.request_id for r in self.scheduler.waiting.ordered(QUEUE_SNAPSHOT)],
             admission_rate=self.scheduler.book.admission_rate,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
 
 
