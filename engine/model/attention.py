@@ -14,7 +14,7 @@ from transformers import AttentionInterface
 
 from engine.cpu.decode_kernel import AttentionKernel, AttentionRows
 from engine.model.attention_features import PLAIN, LayerFeatures, causal_mask, prefill_attention, scores_to_probs
-from engine.model.kv_cache import gather_blocks, gather_slots, store
+from engine.model.kv_cache import gather_blocks, gather_slots, rotate_queries, rotated, store
 
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
@@ -131,7 +131,7 @@ def paged_attention(
         raise RuntimeError("paged attention needs the step's AttentionMetadata passed as paged=")
     layer: int = module.layer_idx  # type: ignore[assignment]
     k_scale, v_scale = scales(meta, layer)
-    store(meta.key_cache[layer], k_scale, meta.slot_mapping, key[0])
+    store(meta.key_cache[layer], k_scale, meta.slot_mapping, key[0], keys=True)
     store(meta.value_cache[layer], v_scale, meta.slot_mapping, value[0])
     features = LayerFeatures.from_kwargs(kwargs)
     return attend(meta, layer, query[0], key[0], value[0], scaling, features).unsqueeze(0), None
@@ -152,19 +152,22 @@ def attend(
     k_scale, v_scale = scales(meta, layer)
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    # An int8 pool's keys are rotated (engine.model.kv_cache): the queries that read them are too.
+    pooled = rotate_queries(q) if rotated(k_cache) else q
     if meta.kernel is not None and meta.kernel_rows is not None:
-        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features, k_scale, v_scale)
+        meta.kernel(pooled.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features, k_scale, v_scale)
     for g in meta.decode_groups:
-        qg = q[:, g.start : g.stop]
+        qg = pooled[:, g.start : g.stop]
         out[g.start : g.stop] = _decode_attention(
             qg, k_cache, v_cache, g, meta.block_size, scale, features, k_scale, v_scale
         )
     for p in meta.prefills:
         qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
-        if p.context_slots is None:
+        if p.context_slots is None:  # its own keys, as computed
             kp = key[:, p.start : p.start + p.num_tokens].unsqueeze(0)
             vp = value[:, p.start : p.start + p.num_tokens].unsqueeze(0)
         else:
+            qp = pooled[:, p.start : p.start + p.num_tokens].unsqueeze(0)
             kp = gather_slots(k_cache, k_scale, p.context_slots, q.dtype).unsqueeze(0)
             vp = gather_slots(v_cache, v_scale, p.context_slots, q.dtype).unsqueeze(0)
         op = prefill_attention(qp, kp, vp, p.mask(features.window, q.device), scale, features)

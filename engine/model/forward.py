@@ -32,6 +32,8 @@ from engine.model.kv_cache import store
 
 __all__ = ["CpuForward", "cpu_forward"]
 
+MAX_ROTATED = 256  # the widest key row layer_ops.c's int8 write rotates (engine.model.kv_cache.rotate)
+
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -120,7 +122,8 @@ class CpuForward:
         meta: AttentionMetadata, layer: int,
     ) -> None:  # fmt: skip
         """Rotary embedding of q and k in place, and this step's keys and values into the pool: in C for a float32
-        or an int8 pool (quantized as engine.model.kv_cache does), else rotated in C and stored by torch."""
+        or an int8 pool (keys rotated and both quantized as engine.model.kv_cache does), else rotated in C and
+        stored by torch."""
         ops, tokens, hd, slots = self.ops, q.shape[0], self.head_dim, meta.slot_mapping
         k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
         k_scale, v_scale = scales(meta, layer)
@@ -130,7 +133,7 @@ class CpuForward:
             failed = ops.rope_and_store(*rotated, v.data_ptr(), v.stride(0), cos.data_ptr(), sin.data_ptr(),
                                         slots.data_ptr(), *shape, k_cache.data_ptr(), v_cache.data_ptr(),
                                         k_cache.shape[1])  # fmt: skip
-        elif k_cache.dtype == torch.int8 and k_scale is not None and v_scale is not None:
+        elif k_cache.dtype == torch.int8 and k_scale is not None and v_scale is not None and hd <= MAX_ROTATED:
             failed = ops.rope_and_store_int8(*rotated, v.data_ptr(), v.stride(0), cos.data_ptr(), sin.data_ptr(),
                                              slots.data_ptr(), *shape, k_cache.data_ptr(), v_cache.data_ptr(),
                                              k_scale.data_ptr(), v_scale.data_ptr(), k_cache.shape[1])  # fmt: skip
@@ -138,7 +141,7 @@ class CpuForward:
             ops.rope(*rotated, cos.data_ptr(), sin.data_ptr(), *shape)
             failed = int(bool(tokens) and not 0 <= int(slots.min()) <= int(slots.max()) < k_cache.shape[1])
             if not failed:
-                store(k_cache, k_scale, slots, k.view(tokens, self.kv_heads, hd).transpose(0, 1))
+                store(k_cache, k_scale, slots, k.view(tokens, self.kv_heads, hd).transpose(0, 1), keys=True)
                 store(v_cache, v_scale, slots, v.view(tokens, self.kv_heads, hd).transpose(0, 1))
         if failed:
             raise RuntimeError("a token's pool slot lies outside the KV pool (an engine bug)")

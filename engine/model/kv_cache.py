@@ -15,12 +15,19 @@ values) is stored as head_dim 8-bit codes and one bfloat16 scale, symmetric: sca
 - bfloat16 scales: 2 bytes a row against head_dim bytes of codes (3% at head_dim 64); float32 scales would make the
   8-bit pool hold only 1.88x the tokens of a 16-bit one at head_dim 64. bfloat16 keeps float32's exponent range;
   its coarser mantissa only changes which step size the row gets, since codes are computed with the stored scale.
+- int8 keys are rotated before they are quantized (rotate: the Walsh-Hadamard transform of each row, where
+  head_dim is a power of two): a few channels of a key carry most of its magnitude (up to 10x the median on the
+  bundled model), and a per-row scale spent on them leaves the rest few steps; the rotation spreads every channel
+  over all, halving the keys' quantization error there (1.1% -> 0.56% RMS). Values (no such channels: 0.67% ->
+  0.59%) are stored as they are, and so are fp8 keys: e4m3 keeps each channel's relative precision already, and
+  the rotation made a key with one outlier channel worse. As H H = head_dim * I, q . k = rotate(q) . rotate(k) /
+  head_dim: readers rotate the query (rotate_queries) and never un-rotate a key.
 - The scales are counted in bytes_per_block, so a pool of the same bytes holds 2 * head_dim / (head_dim + 2) times
   the tokens of a 16-bit pool (1.94x at head_dim 64, 1.97x at 128), 4x less 3% of a float32 one.
 
-Readers dequantize to the compute dtype as they load (the torch paths here, the compiled CPU kernel in
-engine/cpu/csrc/paged_decode.c, and the own forward's write in engine/cpu/csrc/layer_ops.c, which rounds as
-quantize() does, to the same bytes).
+Readers dequantize to the compute dtype as they load, with rotated queries for rotated keys: the torch paths here,
+the compiled CPU kernel (engine/cpu/csrc/paged_decode.c). The own forward's write (engine/cpu/csrc/layer_ops.c)
+rotates and rounds as rotate() and quantize() do, to the same bytes.
 """
 
 from __future__ import annotations
@@ -106,18 +113,48 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     return (scaled.round() if dtype is torch.int8 else scaled).to(dtype), scale
 
 
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] -> x H in float32, H the D x D Walsh-Hadamard matrix of +-1 (Sylvester's order), by the fast
+    transform's butterflies in engine/cpu/csrc/layer_ops.c's order (so both give the same bits); x itself where D
+    is not a power of two."""
+    d = x.shape[-1]
+    y = x.float()
+    if d & (d - 1):
+        return y
+    h = 1
+    while h < d:
+        pairs = y.reshape(*x.shape[:-1], d // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2)
+        h *= 2
+    return y.reshape(x.shape)
+
+
+def rotated(cache: torch.Tensor) -> bool:
+    """Whether a pool of this cache's dtype holds its keys rotated: int8's."""
+    return cache.dtype == torch.int8
+
+
+def rotate_queries(q: torch.Tensor) -> torch.Tensor:
+    """Queries [..., D] that score a rotated pool's keys as the plain ones: rotate(q) / D, in q's dtype."""
+    d = q.shape[-1]
+    return q if d & (d - 1) else (rotate(q) / d).to(q.dtype)
+
+
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """codes [..., D] and their scales [...] -> values [..., D] of dtype."""
     return codes.to(dtype) * scale.to(dtype).unsqueeze(-1)
 
 
-def store(cache: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, x: torch.Tensor) -> None:
-    """This step's keys (or values) x [kv_heads, T, D] into pool slots [T] of one layer's cache; scale: its scales
-    in 8 bits, else None."""
+def store(
+    cache: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, x: torch.Tensor, keys: bool = False
+) -> None:
+    """This step's keys (keys=True) or values x [kv_heads, T, D] into pool slots [T] of one layer's cache; scale:
+    its scales in 8 bits (where int8 keys are rotated first), else None."""
     if scale is None:
         cache.index_copy_(1, slots, x.to(cache.dtype))
         return
-    codes, row_scale = quantize(x, cache.dtype)
+    codes, row_scale = quantize(rotate(x) if keys and rotated(cache) else x, cache.dtype)
     _raw(cache).index_copy_(1, slots, _raw(codes))
     scale.index_copy_(1, slots, row_scale)
 

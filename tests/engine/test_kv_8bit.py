@@ -21,6 +21,8 @@ from engine.model.kv_cache import (
     gather_blocks,
     gather_slots,
     quantize,
+    rotate,
+    rotate_queries,
     store,
 )
 from tests.engine.test_decode_kernel import compiled, decode_rows, paged_case, reference
@@ -90,9 +92,27 @@ def test_the_own_forwards_c_write_gives_torchs_bytes() -> None:
         kv.key_scale[0].data_ptr(), kv.value_scale[0].data_ptr(), num_slots,
     )  # fmt: skip
     assert failed == 0 and torch.equal(q8, q) and torch.equal(k8, k), "rotated as the float32 write rotates"
-    for cache, scale, written in ((kv.key[0], kv.key_scale[0], plain[0]), (kv.value[0], kv.value_scale[0], plain[1])):
+    pairs = ((kv.key[0], kv.key_scale[0], rotate(plain[0])), (kv.value[0], kv.value_scale[0], plain[1]))
+    for cache, scale, written in pairs:  # keys rotated, values as they are
         codes, scales = quantize(written[:, where], torch.int8)
         assert torch.equal(cache[:, where], codes) and torch.equal(scale[:, where], scales)
+
+
+def test_rotated_int8_keys_score_rotated_queries_as_the_plain_ones_and_lose_less() -> None:
+    dtype = torch.int8
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randn(2, 50, 64, generator=g)
+    keys[..., 3] *= 12  # one channel carrying most of the magnitude, as real keys have
+    q = torch.randn(2, 5, 64, generator=g)
+    assert torch.allclose(rotate(rotate(keys)) / 64, keys, atol=1e-5), "H H = D I"
+    kv = allocate_kv_cache(13, 4, 1, 2, 64, dtype, CPU)
+    slots = torch.arange(50)
+    store(kv.key[0], kv.key_scale[0], slots, keys, keys=True)
+    exact = q @ keys.transpose(-1, -2)
+    rotated = rotate_queries(q) @ gather_slots(kv.key[0], kv.key_scale[0], slots, torch.float32).transpose(-1, -2)
+    plain_codes, plain_scale = quantize(keys, dtype)
+    plain = q @ dequantize(plain_codes, plain_scale, torch.float32).transpose(-1, -2)
+    assert (rotated - exact).norm() < 0.6 * (plain - exact).norm(), "the rotation spreads the outlier channel"
 
 
 def dequantized_pool(dtype: torch.dtype, lens: list[int], seed: int = 0) -> tuple:

@@ -103,7 +103,20 @@ static void quantize_row(const float *x, int64_t head_dim, int8_t *codes, uint16
     *scale = rounded;
 }
 
-/* rope_and_store into an int8 pool (engine.model.kv_cache): each token's key and value rows quantized into
+/* x H in place, H the n x n Walsh-Hadamard matrix of +-1, n a power of two: the fast transform's butterflies, in
+ * the order engine.model.kv_cache.rotate computes them (sums and differences are exact, so the bits agree). */
+static void hadamard(float *x, int64_t n) {
+    for (int64_t h = 1; h < n; h *= 2)
+        for (int64_t i = 0; i < n; i += 2 * h)
+            for (int64_t j = i; j < i + h; ++j) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* rope_and_store into an int8 pool (engine.model.kv_cache): each token's key rows rotated (hadamard, where head_dim
+ * is a power of two up to 256), and its key and value rows quantized into
  * k_cache / v_cache ([kv_heads][num_slots][head_dim] int8) with their scales in k_scale / v_scale
  * ([kv_heads][num_slots] bf16). Returns as rope_and_store does. */
 int rope_and_store_int8(float *q, int64_t ldq, float *k, int64_t ldk, const float *v, int64_t ldv, const float *cos,
@@ -120,7 +133,14 @@ int rope_and_store_int8(float *q, int64_t ldq, float *k, int64_t ldk, const floa
         }
         for (int64_t h = 0; h < kv_heads; ++h) {
             const int64_t at = h * num_slots + slot;
-            quantize_row(k + t * ldk + h * head_dim, head_dim, k_cache + at * head_dim, k_scale + at);
+            float rotated[256];
+            const float *key = k + t * ldk + h * head_dim;
+            if (head_dim <= 256 && (head_dim & (head_dim - 1)) == 0) {
+                memcpy(rotated, key, sizeof(float) * (size_t)head_dim);
+                hadamard(rotated, head_dim);
+                key = rotated;
+            }
+            quantize_row(key, head_dim, k_cache + at * head_dim, k_scale + at);
             quantize_row(v + t * ldv + h * head_dim, head_dim, v_cache + at * head_dim, v_scale + at);
         }
     }
