@@ -152,10 +152,11 @@ def attend(
     k_scale, v_scale = scales(meta, layer)
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    # An int8 pool's keys are rotated (engine.model.kv_cache): the queries that read them are too.
-    pooled = rotate_queries(q) if rotated(k_cache) else q
-    if meta.kernel is not None and meta.kernel_rows is not None:
-        meta.kernel(pooled.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features, k_scale, v_scale)
+    if meta.kernel is not None and meta.kernel_rows is not None:  # it rotates the queries itself, as need be
+        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features, k_scale, v_scale)
+    # An int8 pool's keys are rotated (engine.model.kv_cache): torch's queries that read them are too.
+    reads = meta.decode_groups or any(p.context_slots is not None for p in meta.prefills)
+    pooled = rotate_queries(q) if reads and rotated(k_cache) else q
     for g in meta.decode_groups:
         qg = pooled[:, g.start : g.stop]
         out[g.start : g.stop] = _decode_attention(

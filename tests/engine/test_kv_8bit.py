@@ -116,10 +116,14 @@ def test_rotated_int8_keys_score_rotated_queries_as_the_plain_ones_and_lose_less
 
 
 def dequantized_pool(dtype: torch.dtype, lens: list[int], seed: int = 0) -> tuple:
-    """paged_case's pool in 8 bits, and the same pool dequantized to float32: the exact answer to compare with."""
+    """paged_case's pool in 8 bits as the engine stores it (int8 keys rotated), and the keys and values it stands
+    for, dequantized (and rotated back) to float32: the exact answer to compare with."""
     q, k_cache, v_cache, tables = paged_case(torch.float32, 9, 3, 64, lens, seed=seed)
-    (kc, ks), (vc, vs) = quantize(k_cache * 4, dtype), quantize(v_cache, dtype)
-    return q, (kc, vc, ks, vs), (dequantize(kc, ks, torch.float32), dequantize(vc, vs, torch.float32)), tables
+    int8 = dtype is torch.int8
+    (kc, ks), (vc, vs) = quantize(rotate(k_cache * 4) if int8 else k_cache * 4, dtype), quantize(v_cache, dtype)
+    k_exact = dequantize(kc, ks, torch.float32)
+    k_exact = rotate(k_exact) / 64 if int8 else k_exact  # H H = 64 I
+    return q, (kc, vc, ks, vs), (k_exact, dequantize(vc, vs, torch.float32)), tables
 
 
 @pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -148,8 +152,9 @@ def test_the_grouped_decode_path_reads_an_8bit_pool(dtype: torch.dtype) -> None:
     q, (kc, vc, ks, vs), (k_exact, v_exact), tables = dequantized_pool(dtype, lens, seed=1)
     width = max(len(t) for t in tables)
     group = DecodeGroup.build(0, [t + [0] * (width - len(t)) for t in tables], lens, 16, CPU)
-    # the decode path wants q [H, B, D]
-    out = _decode_attention(q.transpose(0, 1), kc, vc, group, 16, None, k_scale=ks, v_scale=vs)
+    # the decode path wants q [H, B, D], rotated for rotated keys (attend does it)
+    qr = rotate_queries(q) if dtype is torch.int8 else q
+    out = _decode_attention(qr.transpose(0, 1), kc, vc, group, 16, None, k_scale=ks, v_scale=vs)
     exact = _decode_attention(q.transpose(0, 1), k_exact, v_exact, group, 16, None)
     torch.testing.assert_close(out, exact, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.double(), reference(q, k_exact, v_exact, tables, lens, 16), rtol=1e-4, atol=1e-4)

@@ -20,6 +20,8 @@
  * With -DKV_INT8 the pool is 8-bit (engine/model/kv_cache.py): int8 codes, and one bf16 scale per (KV head, slot)
  * in k_scale / v_scale ([kv_heads][num_slots]). A key's codes are widened in registers and its dot product
  * multiplied by its scale once; a value's scale is folded into its softmax weight. Without it both are NULL.
+ * Where HEAD_DIM is a power of two, that pool's keys are rotated (the Walsh-Hadamard transform H of each row), so
+ * the kernel rotates each query the same way and divides by HEAD_DIM (H H = HEAD_DIM I): q . k = qH . kH / HEAD_DIM.
  */
 #include <math.h>
 #include <stdint.h>
@@ -57,6 +59,10 @@ static inline elem store(float f) {
 typedef float elem;
 static inline float load(elem x) { return x; }
 static inline elem store(float x) { return x; }
+#endif
+
+#if defined(KV_INT8) && (HEAD_DIM & (HEAD_DIM - 1)) == 0
+#define ROTATED_KEYS 1
 #endif
 
 #ifdef KV_INT8
@@ -121,6 +127,19 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
         best[g] = -3.0e38f;
         total[g] = 0.0f;
     }
+#ifdef ROTATED_KEYS
+    /* engine.model.kv_cache.rotate's butterflies; then 1 / HEAD_DIM, a power of two, exactly. */
+    for (int g = 0; g < GROUP; ++g) {
+        for (int h = 1; h < HEAD_DIM; h *= 2)
+            for (int i = 0; i < HEAD_DIM; i += 2 * h)
+                for (int j = i; j < i + h; ++j) {
+                    const float a = qf[g][j], b = qf[g][j + h];
+                    qf[g][j] = a + b;
+                    qf[g][j + h] = a - b;
+                }
+        for (int d = 0; d < HEAD_DIM; ++d) qf[g][d] *= 1.0f / HEAD_DIM;
+    }
+#endif
     /* A window starts mid-block: the first block read skips its first `lo` tokens. */
     const int64_t first = window > 0 && len > window ? len - window : 0;
     for (int64_t t = first - first % block_size; t < len; t += block_size) {
