@@ -15,10 +15,11 @@ from engine.model.attention import ATTENTION_NAME
 from engine.model.loader import LoadedModel, load_model
 
 # Measured by `python -m bench.engine.kv_quality --prompts 200 --max-tokens 24` (README, "An 8-bit KV cache"):
-# int8 kept 89% of the exact pool's tokens before a first difference (a bf16 pool: 94%), its perplexity within
-# 0.1%. Here 24 prompts of 16 tokens: the share must stay above 80%, the perplexity within 0.5%.
-MIN_TOKEN_SHARE = 0.80
-MAX_PERPLEXITY_RATIO = 1.005
+# int8 kept 87.2% of the exact pool's tokens before a first difference (a bf16 pool: 94.9%), its perplexity
+# 0.03% lower. On this test's 24 prompts of 16 tokens it keeps 95.1% (22 of 24 identical; bf16: all), its
+# perplexity 0.11% lower. Held to the 200 prompts' share less a small sample's margin, and 0.2% of perplexity.
+MIN_TOKEN_SHARE = 0.85
+MAX_PERPLEXITY_RATIO = 1.002
 CHAT_TOKENS = 2048
 
 
