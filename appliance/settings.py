@@ -85,6 +85,12 @@ class Settings:
         "fair", "Who waits: fair (per-key fair share, interactive before batch) or fcfs (arrival order)."
     )
     kv_cache_bytes: int = setting(1 << 30, "KV-cache pool size in bytes on CPU (GPU sizes it by utilization).")
+    kv_cache_dtype: str = setting(
+        "auto",
+        "KV-cache element type: auto (the compute dtype, exact), bf16, fp16, or 8-bit: int8 or fp8 (e4m3), each "
+        "with a scale per token and KV head: about twice the tokens (chats) in the same memory, at a small "
+        "cost in fidelity. APPLIANCE_ENGINE=vllm takes auto or fp8 (--kv-cache-dtype).",
+    )
     num_kv_blocks: int | None = setting(None, "Exact number of KV blocks (overrides the byte/utilization sizing).")
     gpu_memory_utilization: float = setting(0.90, "Fraction of GPU memory the engine may use (weights + KV).")
     gpu_memory_cap_bytes: int | None = setting(
@@ -326,6 +332,8 @@ ENGINES = ("embedded", "vllm")
 MAX_TOKENS_POLICIES = ("trim", "refuse")
 # vLLM quantizes at load only through bitsandbytes' 4-bit NF4 (on CUDA); on a CPU it serves unquantized weights.
 VLLM_QUANTIZATIONS = ("auto", "none", "nf4")
+# vLLM's --kv-cache-dtype: auto (the model's dtype) or fp8 (e4m3 on CUDA); it has no int8 KV cache.
+VLLM_KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _check_vllm(s: Settings) -> None:
@@ -347,6 +355,12 @@ def _check_vllm(s: Settings) -> None:
         )
     if s.model.startswith("random:"):
         raise SettingsError(f"{PREFIX}ENGINE=vllm serves a real model, not {s.model}")
+    if s.kv_cache_dtype not in VLLM_KV_CACHE_DTYPES:
+        raise SettingsError(
+            f"{PREFIX}KV_CACHE_DTYPE={s.kv_cache_dtype} is not for {PREFIX}ENGINE=vllm: vLLM has no int8 KV cache, "
+            f"and keeps a 16-bit one in the model's dtype; it takes {' or '.join(VLLM_KV_CACHE_DTYPES)} "
+            "(--kv-cache-dtype)"
+        )
 
 
 # The async drivers the app runs on: SQLAlchemy's asyncio engine needs one.

@@ -31,6 +31,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         device=settings.device,
         num_kv_blocks=settings.num_kv_blocks,
         kv_cache_bytes=settings.kv_cache_bytes,
+        kv_cache_dtype=settings.kv_cache_dtype,  # type: ignore[arg-type]  # validated by EngineConfig
         gpu_memory_utilization=settings.gpu_memory_utilization,
         gpu_memory_cap_bytes=settings.gpu_memory_cap_bytes,
         cpu_threads=settings.cpu_threads,

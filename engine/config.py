@@ -20,6 +20,10 @@ DecodeAttention = Literal["auto", "compiled", "torch"]
 QUANTIZATIONS: tuple[str, ...] = ("auto", "none", "nf4", "fp4", "int8")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DECODE_ATTENTIONS: tuple[str, ...] = ("auto", "compiled", "torch")
+# The KV pool's element type (engine.model.kv_cache): auto is the model's compute dtype, exact; int8 and fp8 (e4m3)
+# are 8-bit with a scale per token and KV head, about twice the tokens in the same bytes.
+KVCacheDType = Literal["auto", "bf16", "fp16", "int8", "fp8"]
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp16", "int8", "fp8")
 
 
 def default_cache_dir() -> Path:
@@ -45,6 +49,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
+    kv_cache_dtype: KVCacheDType = "auto"
     gpu_memory_utilization: float = 0.90
     gpu_memory_cap_bytes: int | None = None  # never use more of the card than this (emulate a smaller card)
     max_model_len: int | None = None
@@ -74,6 +79,7 @@ class EngineConfig:
         _one_of("policy", self.policy, tuple(Policy))
         object.__setattr__(self, "policy", Policy(self.policy))
         _one_of("decode_attention", self.decode_attention, DECODE_ATTENTIONS)
+        _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         _at_least("block_size", self.block_size, 1)
@@ -92,6 +98,13 @@ class EngineConfig:
             _at_least("max_model_len", self.max_model_len, 1)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
+
+    def kv_storage(self, compute_dtype: str) -> str:
+        """The KV pool's element type (a torch dtype's name) for a model computing in compute_dtype (float32,
+        bfloat16, float16): kv_cache_dtype resolved. No torch here: the CPU plan asks too."""
+        return {"auto": compute_dtype, "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}.get(
+            self.kv_cache_dtype, "float8_e4m3fn"
+        )
 
     @property
     def model_cache_dir(self) -> Path:

@@ -29,7 +29,7 @@ from engine.messages import (
 from engine.model.attention import ATTENTION_NAME
 from engine.model.fidelity import check_fidelity
 from engine.model.forward import cpu_forward
-from engine.model.kv_cache import KVCache, allocate_kv_cache, bytes_per_block
+from engine.model.kv_cache import STORAGE, KVCache, allocate_kv_cache, bytes_per_block
 from engine.model.loader import LoadedModel, load_model
 from engine.model.rope import install_request_rope
 from engine.model.runner import ModelRunner
@@ -94,8 +94,9 @@ class EngineCore:
         self.guided = GuidedBatch(self.grammars, config.max_num_seqs, self.loaded.device)
         text = self.loaded.model.config.get_text_config()
         kernel, self.cpu_plan = attention_kernel(
-            plan, self.kv.key[0].dtype, self.loaded.head_dim, text.num_attention_heads, self.loaded.num_kv_heads
-        )
+            plan, self.loaded.dtype, self.loaded.head_dim, text.num_attention_heads, self.loaded.num_kv_heads,
+            self.kv.dtype,
+        )  # fmt: skip
         for line in self.cpu_plan.lines():
             log.info(line)
         self.runner = ModelRunner(
@@ -111,9 +112,14 @@ class EngineCore:
 
     # -- sizing ----------------------------------------------------------------------------------------
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The pool's element type: kv_cache_dtype resolved against the model's compute dtype."""
+        return STORAGE[self.config.kv_storage(str(self.loaded.dtype).removeprefix("torch."))]
+
     def _allocate_kv(self) -> KVCache:
         cfg, m = self.config, self.loaded
-        per_block = bytes_per_block(m.num_layers, m.num_kv_heads, m.head_dim, cfg.block_size, m.dtype)
+        per_block = bytes_per_block(m.num_layers, m.num_kv_heads, m.head_dim, cfg.block_size, self.kv_dtype)
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif m.device.type == "cuda":
@@ -123,7 +129,7 @@ class EngineCore:
         if num_blocks < 1:
             raise ConfigError(f"the KV budget holds no block of {per_block} bytes; raise it")
         return allocate_kv_cache(
-            num_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype, m.device
+            num_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype, m.device
         )
 
     def _cuda_num_blocks(self, per_block: int) -> int:
@@ -133,7 +139,7 @@ class EngineCore:
         torch.cuda.reset_peak_memory_stats(m.device)
         warm_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
         probe = allocate_kv_cache(
-            warm_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype, m.device
+            warm_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype, m.device
         )
         self._warm_up(probe, cfg.max_num_batched_tokens)
         peak = torch.cuda.max_memory_allocated(m.device) - probe.total_bytes
@@ -312,6 +318,7 @@ class EngineCore:
             num_kv_blocks=self.kv.num_blocks,
             block_size=self.kv.block_size,
             kv_bytes_per_block=self.kv.bytes_per_block,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
 
     def stats(self) -> EngineStats:
@@ -347,6 +354,7 @@ class EngineCore:
             tenants=self.scheduler.book.snapshot(now),
             queue=[r.request_id for r in self.scheduler.waiting.ordered(QUEUE_SNAPSHOT)],
             admission_rate=self.scheduler.book.admission_rate,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
 
 

@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import InvalidRequestError
 from engine.messages import Logprob, RequestOutput, Timings, Usage
+from engine.model.loader import LoadedModel
 from engine.sample.prompts import chat_ids, prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.sched.tenant import Tenant
@@ -29,8 +30,14 @@ class CompletionResult:
 
 
 class LLM:
-    def __init__(self, config: EngineConfig | None = None, progress: Callable[[str], None] | None = None) -> None:
-        self.core = EngineCore(config or EngineConfig(), progress)
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        progress: Callable[[str], None] | None = None,
+        loaded: LoadedModel | None = None,
+    ) -> None:
+        """loaded: weights already loaded (with config's quantization and dtype), to compare engines on one copy."""
+        self.core = EngineCore(config or EngineConfig(), progress, loaded)
         self.tokenizer = self.core.tokenizer
         self._next_id = 0
 

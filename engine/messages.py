@@ -91,6 +91,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     num_kv_blocks: int
     block_size: int
     kv_bytes_per_block: int
+    kv_cache_dtype: str = "auto"  # the pool's element type as vLLM's --kv-cache-dtype names it (auto: the model's)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """The engine's context-length check, for a server to run before it commits to a request."""
@@ -152,6 +153,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     tenants: list[TenantStats] = []
     queue: list[str] = []
     admission_rate: float = 0.0
+    kv_cache_dtype: str = "auto"  # as ModelInfo's
 
     @property
     def kv_usage(self) -> float:

@@ -187,7 +187,10 @@ class Doctor(HostChecks):
         if dtype == "auto":
             dtype = "bfloat16" if self.cuda else auto_cpu_dtype(cpu_flags())
         dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-        return memory_need(shape, self.quantization, dtype_bytes, self.settings.max_model_len, self.cuda)
+        settings = self.settings
+        return memory_need(
+            shape, self.quantization, dtype_bytes, settings.max_model_len, self.cuda, settings.kv_cache_dtype
+        )
 
     def check_memory(self) -> Finding:
         shape = self.shape

@@ -56,9 +56,17 @@ class Shape:
         per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
         return int(self.linear_params * per_param + (self.params - self.linear_params) * dtype_bytes)
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V, every layer: 2 x layers x kv_heads x head_dim x bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: int, kv_cache_dtype: str = "auto") -> int:
+        """K and V, every layer: 2 x layers x kv_heads x head_dim x bytes, in the pool's element type
+        (APPLIANCE_KV_CACHE_DTYPE; auto: the model's dtype_bytes); in 8 bits each row's bf16 scale too, as the
+        engine's pool holds them (engine.model.kv_cache)."""
+        row = {
+            "int8": self.head_dim + 2,
+            "fp8": self.head_dim + 2,
+            "bf16": 2 * self.head_dim,
+            "fp16": 2 * self.head_dim,
+        }
+        return 2 * self.layers * self.kv_heads * row.get(kv_cache_dtype, self.head_dim * dtype_bytes)
 
 
 def model_shape(model: str) -> Shape:
@@ -186,7 +194,14 @@ class MemoryNeed:
         return self.weights + self.kv_per_token * self.context + self.overhead
 
 
-def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len: int | None, gpu: bool) -> MemoryNeed:
+def memory_need(
+    shape: Shape,
+    quantization: str,
+    dtype_bytes: int,
+    max_model_len: int | None,
+    gpu: bool,
+    kv_cache_dtype: str = "auto",
+) -> MemoryNeed:
     context = min(shape.context, max_model_len) if max_model_len else shape.context
     weights = shape.weights_bytes(quantization, dtype_bytes)
     peak = weights
@@ -198,7 +213,7 @@ def memory_need(shape: Shape, quantization: str, dtype_bytes: int, max_model_len
         peak = CONVERSION_COPIES * shape.weights_bytes("none", 4)
     return MemoryNeed(
         weights=weights,
-        kv_per_token=shape.kv_bytes_per_token(dtype_bytes),
+        kv_per_token=shape.kv_bytes_per_token(dtype_bytes, kv_cache_dtype),
         context=context,
         overhead=CUDA_OVERHEAD_BYTES if gpu else 0,
         load_peak=peak,
@@ -257,7 +272,8 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
     usable free VRAM (APPLIANCE_GPU_MEMORY_UTILIZATION) after weights and CUDA's share, on a CPU the fixed pool
     (APPLIANCE_KV_CACHE_BYTES), which must fit in available RAM beside the weights. `reclaim`: bytes a switch
     frees first (the served model's)."""
-    need = memory_need(shape, on.quantization, DTYPE_BYTES[on.dtype], settings.max_model_len, on.gpu)
+    kv_dtype = settings.kv_cache_dtype
+    need = memory_need(shape, on.quantization, DTYPE_BYTES[on.dtype], settings.max_model_len, on.gpu, kv_dtype)
     chat_tokens = min(CHAT_TOKENS, need.context)
     kv_per_chat = need.kv_per_token * chat_tokens
     available = on.available + reclaim
@@ -276,6 +292,6 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
         kv_per_chat=kv_per_chat,
         chats=chats,
         chat_tokens=chat_tokens,
-        precision=f"{on.quantization}, {on.dtype}",
+        precision=f"{on.quantization}, {on.dtype}" + ("" if kv_dtype == "auto" else f", KV {kv_dtype}"),
         load_peak=need.load_peak if not on.gpu else 0,
     )

@@ -132,6 +132,7 @@ class VllmEngineClient:
             num_kv_blocks=num_blocks,
             block_size=block_size,
             kv_bytes_per_block=pool // num_blocks if num_blocks else 0,
+            kv_cache_dtype=self.settings.kv_cache_dtype,
         )
 
     async def _until_ready(self, process: asyncio.subprocess.Process, upstream: Upstream, served: str) -> int:

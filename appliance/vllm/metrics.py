@@ -90,6 +90,7 @@ def stats_of(
         memory_kind="VRAM" if launch.device.startswith("cuda") else "RAM",
         weights_bytes=weights_bytes,
         kv_pool_bytes=total * info.kv_bytes_per_block,
+        kv_cache_dtype=info.kv_cache_dtype,
         device_memory_total=memory[0],
         device_memory_free=memory[1],
         preemptions_total=counters["preemptions_total"],

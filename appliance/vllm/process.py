@@ -74,6 +74,8 @@ def plan(settings: Settings, model: Path, served_name: str, device: str, port: i
     ]
     if settings.max_model_len is not None:
         command += ["--max-model-len", str(settings.max_model_len)]
+    if settings.kv_cache_dtype != "auto":  # fp8 alone: appliance.settings refuses the others for vLLM
+        command += ["--kv-cache-dtype", settings.kv_cache_dtype]
     # Not the appliance's own settings (its secrets among them); VLLM_* tuning the operator set passes through.
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     # Its compile cache (minutes of work on a CPU) where the service may write: the data dir under systemd.

@@ -1,5 +1,7 @@
 """`python -m bench.engine.steps`: milliseconds per decode step for each quantization and dtype at a few batch
-sizes, and (--profile) where a step's time goes, by torch.profiler. It is how the `auto` defaults were chosen."""
+sizes, and (--profile) where a step's time goes, by torch.profiler. It is how the `auto` defaults were chosen.
+--kv-cache-dtype auto,int8 compares KV pools: their engines take turns on one copy of the weights, with a ratio
+to the first pool's time on each row."""
 
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="decode attentions to compare, comma-separated: compiled (engine.cpu.decode_kernel), torch (its default "
         "groups), torch/N (group cost N), torch/one (a single padded group); '': the engine's default",
     )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="KV pools to compare, comma-separated (auto, bf16, fp16, int8, fp8: engine.model.kv_cache)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu-threads", type=int, default=1, help="the served engine's count on a 2-core machine")
     p.add_argument("--profile", action="store_true", help="also print a per-part breakdown of the largest batch")
@@ -50,7 +57,6 @@ def decoding_core(base: EngineConfig, batch: int, context: int, steps: int, sigm
     """An engine whose `batch` requests have finished their prompts and are all decoding; with sigma, prompts of
     seeded lognormal lengths around `context` (capped at 1,536 tokens)."""
     budget = max(512, batch)
-    core = EngineCore(replace(base, max_num_seqs=batch, max_num_batched_tokens=budget), loaded=_loaded(base))
     rng = random.Random(0)
     lengths = [
         min(1536, max(1, round(context * math.exp(rng.gauss(0.0, sigma))))) if sigma else context for _ in range(batch)
@@ -58,6 +64,10 @@ def decoding_core(base: EngineConfig, batch: int, context: int, steps: int, sigm
     # The first requests decode while the last ones prefill: enough tokens that none ends before the measurement.
     prefill_steps = sum(lengths) // budget + 1
     params = SamplingParams(max_tokens=steps + prefill_steps + 8, temperature=0.0, ignore_eos=True)
+    # A pool just large enough (not the 1 GiB default): two engines' pools side by side stay small.
+    blocks = sum(-(-(n + params.max_tokens) // base.block_size) for n in lengths) + 8
+    sized = replace(base, max_num_seqs=batch, max_num_batched_tokens=budget, num_kv_blocks=blocks)
+    core = EngineCore(sized, loaded=_loaded(base))
     for i, n in enumerate(lengths):
         core.add_request(f"s{i}", [100 + (i * 7 + j) % 4000 for j in range(n)], params)
     while core.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in core.scheduler.running):
@@ -117,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"torch {torch.__version__}, {args.cpu_threads} thread(s), context {args.context}", file=sys.stderr)
-    print(f"{'variant':>24} | " + " | ".join(f"batch {b:>3}" for b in batches))
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()] or [""]
+    pools = [k.strip() for k in args.kv_cache_dtype.split(",") if k.strip()]
+    if pools == ["auto"]:
+        print(f"{'variant':>24} | " + " | ".join(f"batch {b:>3}" for b in batches))
+    else:
+        print(f"{'variant and pool':>26} | " + " | ".join(f"batch {b:>3}      " for b in batches))
+        return compare_pools(args, batches, pools)
     for variant in args.variants.split(","):
         base = Variant.parse(variant).config(model=args.model, device="cpu", cpu_threads=args.cpu_threads)
         cells: dict[str, list[float]] = {a: [] for a in attentions}
@@ -136,6 +151,32 @@ def main(argv: list[str] | None = None) -> int:
             core = decoding_core(base, batches[-1], args.context, args.steps, args.sigma)
             for name, ms in breakdown(core, args.steps).items():
                 print(f"    {ms:8.2f} ms  {name}")
+    return 0
+
+
+def compare_pools(args: argparse.Namespace, batches: list[int], pools: list[str]) -> int:
+    """A row per variant and pool: ms per decode step at each batch, and its ratio to the first pool's. The pools'
+    engines decode the same requests and take turns in rounds, so a machine that drifts favours none."""
+    rounds = 4
+    for variant in args.variants.split(","):
+        base = Variant.parse(variant).config(model=args.model, device="cpu", cpu_threads=args.cpu_threads)
+        cells: dict[str, list[float]] = {k: [] for k in pools}
+        for b in batches:
+            cores = {k: decoding_core(replace(base, kv_cache_dtype=k), b, args.context, args.steps, args.sigma)
+                     for k in pools}  # type: ignore[arg-type]  # fmt: skip
+            total = dict.fromkeys(pools, 0.0)
+            for _ in range(rounds):
+                for k, core in cores.items():
+                    total[k] += step_ms(core, max(1, args.steps // rounds)) / rounds
+            for k in pools:
+                cells[k].append(total[k])
+            del cores
+        for k, row in cells.items():
+            label = f"{variant} kv={k}"
+            ratios = " | ".join(
+                f"{ms:7.1f}ms {ms / first:4.2f}x" for ms, first in zip(row, cells[pools[0]], strict=True)
+            )
+            print(f"{label:>26} | {ratios}", flush=True)
     return 0
 
 

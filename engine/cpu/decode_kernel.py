@@ -6,8 +6,8 @@ torch's decode attention (engine.model.attention) copies each request's blocks o
 of its group, and multiplies the copy; a prefill that continues a context gathers it and runs SDPA with an
 explicit causal mask. The kernel walks each row's block table instead, up to the row's own position: no copy,
 no padding, no mask. It is built when the engine starts, for the model's head size, heads per KV head and
-dtype, where the CPU plan (engine.cpu.plan) chooses it; where it does not build, attention stays torch's, and the
-plan records why.
+dtype, and for a pool of that dtype or of int8 codes with their scales (widened as they load), where the CPU plan
+(engine.cpu.plan) chooses it; where it does not build, attention stays torch's, and the plan records why.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class AttentionKernel:
     function: Callable[..., int]
     dtype: torch.dtype
     build_s: float
+    kv_dtype: torch.dtype | None = None  # the pool's, where it is not dtype: torch.int8
 
     def __call__(
         self,
@@ -106,13 +107,18 @@ class AttentionKernel:
         scale: float,
         out: torch.Tensor,
         features: KernelFeatures | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
         """q [T, H, D] (D contiguous), caches [KVH, slots, D] contiguous, out [T, H, D] contiguous, all of the
-        kernel's dtype: writes out[rows.rows] and nothing else. features: the layer's window, soft-cap, sinks."""
+        kernel's dtype (the caches: of kv_dtype, with their scales [KVH, slots] bf16, where it has one): writes
+        out[rows.rows] and nothing else. features: the layer's window, soft-cap, sinks."""
         if q.stride(-1) != 1 or q.dtype != self.dtype:
             q = q.to(self.dtype).contiguous()
         if out.dtype != self.dtype or not out.is_contiguous():
             raise ValueError("the kernel writes a contiguous output of its own dtype")
+        if k_cache.dtype != (self.kv_dtype or self.dtype) or (k_scale is None) != (self.kv_dtype is None):
+            raise ValueError(f"the kernel was built for a {self.kv_dtype or self.dtype} pool, not {k_cache.dtype}")
         kv_heads, num_slots, _ = k_cache.shape
         sinks = None
         window, softcap = (None, None) if features is None else (features.window, features.softcap)
@@ -126,6 +132,8 @@ class AttentionKernel:
             q.stride(1),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
+            None if k_scale is None else k_scale.data_ptr(),
+            None if v_scale is None else v_scale.data_ptr(),
             num_slots,
             rows.tables.data_ptr(),
             rows.tables.shape[1],
@@ -151,19 +159,28 @@ class AttentionKernel:
 
 
 def attention_kernel(
-    plan: CpuPlan, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int
+    plan: CpuPlan, dtype: torch.dtype, head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype | None = None
 ) -> tuple[AttentionKernel | None, CpuPlan]:
     """The kernel for this model where the plan chose it, else None (torch's attention), and the plan with the
-    build's outcome recorded. Where the plan requires it (decode_attention=compiled), a failed build raises
-    KernelBuildError rather than fall back."""
+    build's outcome recorded. kv_dtype: the pool's (None: dtype; the plan chose the kernel only for a pool of
+    dtype or int8). Where the plan requires it (decode_attention=compiled), a failed build raises KernelBuildError
+    rather than fall back."""
     if plan.attention.choice is not Attention.COMPILED:
         return None, plan
     element = ELEMENT.get(dtype, str(dtype).removeprefix("torch."))
+    int8 = kv_dtype == torch.int8
+    if kv_dtype is not None and kv_dtype != dtype and not int8:  # weights loaded for another engine's plan
+        pool = str(kv_dtype).removeprefix("torch.")
+        why = f"the compiled kernel reads a KV pool of the model's dtype or int8, not {pool}"
+        return None, plan.settled(attention=Decision(Attention.TORCH, why))
     try:
-        function, seconds = build_kernel(element, head_dim, heads, kv_heads)
+        function, seconds = build_kernel(element, head_dim, heads, kv_heads, int8)
     except KernelBuildError as exc:
         return None, plan.unbuilt("attention", exc)
-    built = f"built in {seconds:.1f} s for {element}, head size {head_dim}, {heads} heads over {kv_heads} KV heads"
-    return AttentionKernel(function, dtype, seconds), plan.settled(
+    pool = " over an int8 pool" if int8 else ""
+    built = (
+        f"built in {seconds:.1f} s for {element}{pool}, head size {head_dim}, {heads} heads over {kv_heads} KV heads"
+    )
+    return AttentionKernel(function, dtype, seconds, torch.int8 if int8 else None), plan.settled(
         attention=Decision(Attention.COMPILED, f"{plan.attention.reason}; {built}")
     )

@@ -1,10 +1,10 @@
 """Builds the engine's C kernels with the host's C compiler and loads them with ctypes. No torch import:
 `appliance doctor` asks whether they build before anything heavy is loaded.
 
-engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP) and element type (-DELEM_BF16,
-else float), so every inner loop has constant bounds and vectorises whole; engine/cpu/csrc/packed_linear.c once per
-weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F,
--DFORM_BF16); engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
+engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP), element type (-DELEM_BF16,
+else float) and pool (-DKV_INT8 for an 8-bit one), so every inner loop has constant bounds and vectorises whole;
+engine/cpu/csrc/packed_linear.c once per weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16);
+engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
 directory that is removed once it is loaded (a loaded library stays mapped); a build takes well under a second.
 """
 
@@ -66,7 +66,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 # paged_attention_rows' parameters, in order (see the source).
 ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_float | ctypes.c_int]] = [
     *(_P, _I, _I),  # q, its token and head strides
-    *(_P, _P, _I),  # k_cache, v_cache, num_slots
+    *(_P, _P, _P, _P, _I),  # k_cache, v_cache, their scales (an int8 pool's, else NULL), num_slots
     *(_P, _I),  # tables, max_blocks
     *(_P, _P, _P, _I),  # rows, table_of, lens, num_rows
     *(_I, _I, ctypes.c_float, _I),  # kv_heads, block_size, scale, max_len
@@ -83,7 +83,9 @@ LINEAR_ARGTYPES: list[type[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int]] = [
 # layer_ops' functions and their parameters, in order (see its source).
 LAYER_ARGTYPES: dict[str, list[Any]] = {
     "add_rms_norm": [_P, _P, _P, ctypes.c_float, _I, _I, ctypes.c_int, _P],
+    "rope": [_P, _I, _P, _I, _P, _P, _I, _I, _I, _I],
     "rope_and_store": [_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I],
+    "rope_and_store_int8": [_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _I],
     "silu_mul": [_P, _I, _P, _I, _I, _I],
 }
 
@@ -93,7 +95,9 @@ class LayerOps:
     """engine/cpu/csrc/layer_ops.c's entry points (engine.model.forward)."""
 
     add_rms_norm: Callable[..., None]
+    rope: Callable[..., None]
     rope_and_store: Callable[..., int]
+    rope_and_store_int8: Callable[..., int]
     silu_mul: Callable[..., None]
     build_s: float
 
@@ -102,14 +106,18 @@ class KernelBuildError(EngineError):
     """A kernel could not be built or loaded here; the message says why."""
 
 
-def build_kernel(element: str, head_dim: int, heads: int, kv_heads: int) -> tuple[Callable[..., int], float]:
-    """The kernel's entry point for this shape and element type, and the seconds its build took."""
+def build_kernel(
+    element: str, head_dim: int, heads: int, kv_heads: int, kv_int8: bool = False
+) -> tuple[Callable[..., int], float]:
+    """The kernel's entry point for this shape and element type (of the queries and output; of the pool too, unless
+    kv_int8: an int8 pool with its scales), and the seconds its build took."""
     if element not in ELEMENTS:
         raise KernelBuildError(f"it computes {' or '.join(ELEMENTS)}, not {element}")
     group = heads // kv_heads if kv_heads > 0 else 0
     if group * kv_heads != heads or not 1 <= group <= MAX_GROUP or not 1 <= head_dim <= MAX_HEAD_DIM:
         raise KernelBuildError(f"{heads} heads over {kv_heads} KV heads of size {head_dim} are beyond it")
     shape = [f"-DHEAD_DIM={head_dim}", f"-DGROUP={group}"] + (["-DELEM_BF16"] if element == "bfloat16" else [])
+    shape += ["-DKV_INT8"] if kv_int8 else []
     return _build(SOURCE, FLAGS, shape, "paged_attention_rows", ARGTYPES)
 
 
@@ -127,7 +135,7 @@ def build_layer_ops() -> LayerOps:
     for name, argtypes in LAYER_ARGTYPES.items():
         function = getattr(library, name)
         function.argtypes = argtypes
-        function.restype = ctypes.c_int if name == "rope_and_store" else None
+        function.restype = ctypes.c_int if name.startswith("rope_and_store") else None
         functions[name] = function
     return LayerOps(**functions, build_s=time.monotonic() - start)
 

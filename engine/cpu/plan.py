@@ -159,6 +159,12 @@ def _threads(config: EngineConfig, machine: Machine) -> Decision[int | None]:
 def _attention(config: EngineConfig, dtype: str, machine: Machine) -> Decision[Attention]:
     if config.decode_attention == "torch":
         return Decision(Attention.TORCH, "as decode_attention (APPLIANCE_DECODE_ATTENTION) says")
+    pool = config.kv_storage(dtype)
+    if pool not in (dtype, "int8"):
+        why = f"the compiled kernel reads a KV pool of the model's dtype or int8, not {pool} (APPLIANCE_KV_CACHE_DTYPE)"
+        if config.decode_attention == "compiled":
+            raise KernelBuildError(why)
+        return Decision(Attention.TORCH, why)
     if config.decode_attention == "compiled":
         return Decision(Attention.COMPILED, "as decode_attention (APPLIANCE_DECODE_ATTENTION) says: compiled for this "
                         "CPU at start, or no start")  # fmt: skip

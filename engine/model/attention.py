@@ -14,6 +14,7 @@ from transformers import AttentionInterface
 
 from engine.cpu.decode_kernel import AttentionKernel, AttentionRows
 from engine.model.attention_features import PLAIN, LayerFeatures, causal_mask, prefill_attention, scores_to_probs
+from engine.model.kv_cache import gather_blocks, gather_slots, rotate_queries, rotated, store
 
 ATTENTION_NAME = "appliance_paged"
 # A decode group's fixed cost per layer (its gathers, matmuls and softmax launched once more), in gathered
@@ -104,6 +105,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] pool slot that receives each token's K/V
     key_cache: list[torch.Tensor]  # per layer [kv_heads, num_slots, head_dim]
     value_cache: list[torch.Tensor]
+    key_scale: list[torch.Tensor] = field(default_factory=list)  # per layer [kv_heads, num_slots]: an 8-bit pool's
+    value_scale: list[torch.Tensor] = field(default_factory=list)  # (engine.model.kv_cache); empty otherwise
     block_size: int = 16
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # torch's decode attention
     prefills: list[PrefillSeq] = field(default_factory=list)  # torch's: all prefills, or those the kernel is not for
@@ -127,9 +130,9 @@ def paged_attention(
     if not isinstance(meta, AttentionMetadata):
         raise RuntimeError("paged attention needs the step's AttentionMetadata passed as paged=")
     layer: int = module.layer_idx  # type: ignore[assignment]
-    k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
-    k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
-    v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
+    k_scale, v_scale = scales(meta, layer)
+    store(meta.key_cache[layer], k_scale, meta.slot_mapping, key[0], keys=True)
+    store(meta.value_cache[layer], v_scale, meta.slot_mapping, value[0])
     features = LayerFeatures.from_kwargs(kwargs)
     return attend(meta, layer, query[0], key[0], value[0], scaling, features).unsqueeze(0), None
 
@@ -146,24 +149,38 @@ def attend(
     """One layer's attention for the step, once its keys and values are in the pool: q [H, T, D], this step's own
     key/value [KVH, T, D] (any strides, D contiguous) -> [T, H, D]."""
     k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
+    k_scale, v_scale = scales(meta, layer)
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    if meta.kernel is not None and meta.kernel_rows is not None:
-        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features)
+    if meta.kernel is not None and meta.kernel_rows is not None:  # it rotates the queries itself, as need be
+        meta.kernel(q.transpose(0, 1), k_cache, v_cache, meta.kernel_rows, scale, out, features, k_scale, v_scale)
+    # An int8 pool's keys are rotated (engine.model.kv_cache): torch's queries that read them are too.
+    reads = meta.decode_groups or any(p.context_slots is not None for p in meta.prefills)
+    pooled = rotate_queries(q) if reads and rotated(k_cache) else q
     for g in meta.decode_groups:
-        qg = q[:, g.start : g.stop]
-        out[g.start : g.stop] = _decode_attention(qg, k_cache, v_cache, g, meta.block_size, scale, features)
+        qg = pooled[:, g.start : g.stop]
+        out[g.start : g.stop] = _decode_attention(
+            qg, k_cache, v_cache, g, meta.block_size, scale, features, k_scale, v_scale
+        )
     for p in meta.prefills:
         qp = q[:, p.start : p.start + p.num_tokens].unsqueeze(0)  # [1, H, n, D]
-        if p.context_slots is None:
+        if p.context_slots is None:  # its own keys, as computed
             kp = key[:, p.start : p.start + p.num_tokens].unsqueeze(0)
             vp = value[:, p.start : p.start + p.num_tokens].unsqueeze(0)
         else:
-            kp = k_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
-            vp = v_cache[:, p.context_slots].unsqueeze(0).to(q.dtype)
+            qp = pooled[:, p.start : p.start + p.num_tokens].unsqueeze(0)
+            kp = gather_slots(k_cache, k_scale, p.context_slots, q.dtype).unsqueeze(0)
+            vp = gather_slots(v_cache, v_scale, p.context_slots, q.dtype).unsqueeze(0)
         op = prefill_attention(qp, kp, vp, p.mask(features.window, q.device), scale, features)
         out[p.start : p.start + p.num_tokens] = op[0].transpose(0, 1)
     return out
+
+
+def scales(meta: AttentionMetadata, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The layer's key and value scales in an 8-bit pool; None, None otherwise."""
+    if not meta.key_scale:
+        return None, None
+    return meta.key_scale[layer], meta.value_scale[layer]
 
 
 def plan_decode_groups(num_blocks: Sequence[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:
@@ -202,19 +219,22 @@ def _decode_attention(
     block_size: int,
     scaling: float | None,
     features: LayerFeatures = PLAIN,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [H, B, D], one query per request of the group -> [B, H, D].
+    """q [H, B, D], one query per request of the group -> [B, H, D]; k_scale, v_scale: an 8-bit pool's scales.
 
     Whole blocks are copied out with one index_select per tensor (rows of block_size * head_dim), already in
     the [KVH, B, L, D] order the two batched matmuls want: per-slot gathers and SDPA's CPU kernel took 2.7x
     (fp32) to 10x (bf16) as long on one core at 64 requests. Scores are small, so the softmax runs in fp32.
+    A 16/32-bit pool is multiplied in its own dtype; an 8-bit one is dequantized to the query's as it is copied.
     """
-    kv_heads, num_slots, head_dim = k_cache.shape
+    kv_heads, _, head_dim = k_cache.shape
     heads, batch, _ = q.shape
     length = group.bias.shape[-1]
-    rows = (kv_heads, num_slots // block_size, block_size * head_dim)
-    k = k_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
-    v = v_cache.view(rows).index_select(1, group.blocks).view(kv_heads, batch, length, head_dim)
+    dtype = k_cache.dtype if k_scale is None else q.dtype
+    k = gather_blocks(k_cache, k_scale, group.blocks, block_size, dtype).view(kv_heads, batch, length, head_dim)
+    v = gather_blocks(v_cache, v_scale, group.blocks, block_size, dtype).view(kv_heads, batch, length, head_dim)
     # Query head h reads KV head h // group, as SDPA's enable_gqa does.
     qg = q.view(kv_heads, heads // kv_heads, batch, head_dim).transpose(1, 2).to(k.dtype)
     scale = scaling if scaling is not None else head_dim**-0.5

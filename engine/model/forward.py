@@ -26,10 +26,13 @@ from torch import nn
 from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
 from engine.cpu.packed_linear import PackedLinear
 from engine.cpu.plan import CpuPlan, Decision, Forward
-from engine.model.attention import AttentionMetadata, attend
+from engine.model.attention import AttentionMetadata, attend, scales
 from engine.model.fidelity import ModelFeatures
+from engine.model.kv_cache import store
 
 __all__ = ["CpuForward", "cpu_forward"]
+
+MAX_ROTATED = 256  # the widest key row layer_ops.c's int8 write rotates (engine.model.kv_cache.rotate)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -91,19 +94,11 @@ class CpuForward:
         cos, sin = (t[0].contiguous() for t in self.rotary(h, positions.unsqueeze(0)))
         residual, x = torch.empty_like(h), torch.empty_like(h)
         width = h.shape[1]
-        slots = meta.slot_mapping
         for i, layer in enumerate(self.layers):
             ops.add_rms_norm(h.data_ptr(), residual.data_ptr(), layer.input_norm.data_ptr(), self.eps, tokens, width,
                              int(i == 0), x.data_ptr())  # fmt: skip
             q, k, v = layer.q(x), layer.k(x), layer.v(x)
-            k_cache, v_cache = meta.key_cache[i], meta.value_cache[i]
-            failed = ops.rope_and_store(
-                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tokens, self.heads, self.kv_heads, hd,
-                k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1],
-            )  # fmt: skip
-            if failed:
-                raise RuntimeError("a token's pool slot lies outside the KV pool (an engine bug)")
+            self._rope_and_store(q, k, v, cos, sin, meta, i)
             out = attend(
                 meta,
                 i,
@@ -121,6 +116,35 @@ class CpuForward:
         ops.add_rms_norm(h.data_ptr(), residual.data_ptr(), self.final_norm.data_ptr(), self.eps, tokens, width, 0,
                          x.data_ptr())  # fmt: skip
         return self.lm_head(x.index_select(0, rows))
+
+    def _rope_and_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        meta: AttentionMetadata, layer: int,
+    ) -> None:  # fmt: skip
+        """Rotary embedding of q and k in place, and this step's keys and values into the pool: in C for a float32
+        or an int8 pool (keys rotated and both quantized as engine.model.kv_cache does), else rotated in C and
+        stored by torch."""
+        ops, tokens, hd, slots = self.ops, q.shape[0], self.head_dim, meta.slot_mapping
+        k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
+        k_scale, v_scale = scales(meta, layer)
+        rotated = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0))
+        shape = (tokens, self.heads, self.kv_heads, hd)
+        if k_cache.dtype == torch.float32:
+            failed = ops.rope_and_store(*rotated, v.data_ptr(), v.stride(0), cos.data_ptr(), sin.data_ptr(),
+                                        slots.data_ptr(), *shape, k_cache.data_ptr(), v_cache.data_ptr(),
+                                        k_cache.shape[1])  # fmt: skip
+        elif k_cache.dtype == torch.int8 and k_scale is not None and v_scale is not None and hd <= MAX_ROTATED:
+            failed = ops.rope_and_store_int8(*rotated, v.data_ptr(), v.stride(0), cos.data_ptr(), sin.data_ptr(),
+                                             slots.data_ptr(), *shape, k_cache.data_ptr(), v_cache.data_ptr(),
+                                             k_scale.data_ptr(), v_scale.data_ptr(), k_cache.shape[1])  # fmt: skip
+        else:
+            ops.rope(*rotated, cos.data_ptr(), sin.data_ptr(), *shape)
+            failed = int(bool(tokens) and not 0 <= int(slots.min()) <= int(slots.max()) < k_cache.shape[1])
+            if not failed:
+                store(k_cache, k_scale, slots, k.view(tokens, self.kv_heads, hd).transpose(0, 1), keys=True)
+                store(v_cache, v_scale, slots, v.view(tokens, self.kv_heads, hd).transpose(0, 1))
+        if failed:
+            raise RuntimeError("a token's pool slot lies outside the KV pool (an engine bug)")
 
 
 def cpu_forward(model: Any, plan: CpuPlan, features: ModelFeatures | None = None) -> tuple[CpuForward | None, CpuPlan]:

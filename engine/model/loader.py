@@ -44,7 +44,7 @@ class LoadedModel:
     name: str  # the served name
     source_dir: Path  # config + tokenizer (+ safetensors unless built in memory); the tokenizer reloads here
     device: torch.device
-    dtype: torch.dtype  # compute/activation dtype; the KV cache uses it
+    dtype: torch.dtype  # compute/activation dtype; the KV cache too, unless kv_cache_dtype says otherwise
     quantization: str
     weights_bytes: int  # parameters + buffers as loaded (quantized size when quantized)
     max_model_len: int

@@ -99,6 +99,8 @@ class ModelRunner:
             slot_mapping=self._tensor(slots),
             key_cache=self.kv.key,
             value_cache=self.kv.value,
+            key_scale=self.kv.key_scale,
+            value_scale=self.kv.value_scale,
             block_size=bs,
         )
         rows = RowsBuilder(bs) if self.decode_kernel is not None else None

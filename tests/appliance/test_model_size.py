@@ -43,6 +43,17 @@ def test_an_8b_model_in_nf4_takes_about_5_6_gib_and_128_kib_per_token(tmp_path: 
     assert shape.kv_bytes_per_token(2) == 128 * 1024
     need = memory_need(shape, "nf4", 2, max_model_len=8192, gpu=True)
     assert need.context == 8192 and need.minimum / GIB == pytest.approx(5.6 + 1 + 1, rel=0.02)
+    # An 8-bit pool: a byte per element and a 2-byte scale per row of 128: 65 KiB per token.
+    assert shape.kv_bytes_per_token(2, "int8") == shape.kv_bytes_per_token(4, "fp8") == 2 * 32 * 8 * 130
+
+
+def test_the_fit_counts_chats_in_the_chosen_kv_cache_dtype(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    shape = model_shape(str(tmp_path))
+    on = Machine(True, 24 * GIB, "nf4", "bfloat16")
+    exact = fit(shape, load_settings({"APPLIANCE_DATA_DIR": str(tmp_path)}), on)
+    eight = fit(shape, load_settings({"APPLIANCE_DATA_DIR": str(tmp_path), "APPLIANCE_KV_CACHE_DTYPE": "int8"}), on)
+    assert eight.chats >= 1.9 * exact.chats and "KV int8" in eight.summary and "KV" not in exact.precision
 
 
 def test_an_unknown_model_cannot_be_estimated(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from engine import EngineStats
 from web.console import charts
+from web.console.capacity import capacity
 from web.console.diagnosis import diagnose
 from web.console.history import csv_cell
 from web.console.live import ThroughputMeter, live_view, memory_segments
@@ -108,6 +109,20 @@ def test_diagnosis_names_memory_or_compute_as_the_limit() -> None:
     earlier = diagnose("ready", "ready", 0, 0.1, "RAM", [bucket(0, 0.1), bucket(5, 0.99)], "last hour")
     assert earlier.verdict == "healthy" and "KV cache full" in earlier.details[0] and earlier.levers
     assert diagnose("down", "engine down: crashed", 0, None, "RAM", [], "last hour").verdict == "down"
+
+
+def test_memory_bound_names_the_8bit_kv_cache_where_it_is_off_and_the_console_counts_its_blocks() -> None:
+    window = [bucket(3, 0.97)]
+    exact = diagnose("ready", "ready", 3, 0.97, "VRAM", window, "last hour", kv_cache_dtype="auto")
+    assert any("APPLIANCE_KV_CACHE_DTYPE=int8" in lever for lever in exact.levers)
+    eight = diagnose("ready", "ready", 3, 0.97, "VRAM", window, "last hour", kv_cache_dtype="int8")
+    assert not any("KV_CACHE_DTYPE" in lever for lever in eight.levers), "already on: not a lever"
+    # The same pool bytes in 8 bits: twice the blocks (engine.model.kv_cache), so twice the chats that fit.
+    sixteen, int8 = stats(kv_blocks_total=1000), stats(kv_blocks_total=1940, kv_cache_dtype="int8")
+    room16, room8 = capacity(sixteen, 2048), capacity(int8, 2048)
+    assert room16 is not None and room8 is not None and room8.chats >= 1.9 * room16.chats
+    labels = {s.key: s.label for s in memory_segments(int8)}
+    assert labels["kv-used"] == "KV (int8) in use" and {s.label for s in memory_segments(sixteen)} >= {"KV in use"}
 
 
 def test_chart_scale_is_round_and_gaps_break_the_line() -> None:

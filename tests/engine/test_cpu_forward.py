@@ -153,6 +153,7 @@ def test_logits_are_transformers_forwards(model: str) -> None:
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         core.runner.forward = core.forward
         bad = torch.full((2,), core.kv.num_blocks * core.kv.block_size)
-        meta = type("Meta", (), {"slot_mapping": bad, "key_cache": core.kv.key, "value_cache": core.kv.value})()
+        pool = {"key_cache": core.kv.key, "value_cache": core.kv.value, "key_scale": [], "value_scale": []}
+        meta = type("Meta", (), {"slot_mapping": bad, **pool})()
         assert core.forward is not None
         core.forward(torch.tensor([5, 6]), torch.tensor([0, 1]), meta, torch.tensor([1]))  # type: ignore[arg-type]

@@ -60,11 +60,22 @@ def test_the_cpu_launch_keeps_the_key_off_the_command_line_and_quantizes_nothing
     flags = {arg: command[i + 1] for i, arg in enumerate(command[:-1]) if arg.startswith("--")}
     assert flags["--dtype"] == "float32" and flags["--max-model-len"] == "1024" and flags["--port"] == "8123"
     assert "--quantization" not in flags and launch.quantization == "none"
+    assert "--kv-cache-dtype" not in flags, "auto: vLLM's own (the model's dtype)"
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and launch.env["VLLM_USE_AOT_COMPILE"] == "0"
     assert not any(k.startswith("APPLIANCE_") for k in launch.env)
     assert "quantizes nothing" in caplog.text
     cuda = plan(s, tmp_path / "model", "smol", "cuda:1", 8123, "k")
     assert cuda.command[-3:] == ["0.9", "--quantization", "bitsandbytes"] and cuda.env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_kv_cache_dtype_maps_to_vllms_or_is_refused(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.touch()
+    launch = plan(settings(engine="vllm", vllm_python=str(python), kv_cache_dtype="fp8"), tmp_path, "s", "cuda", 1, "k")
+    assert launch.command[launch.command.index("--kv-cache-dtype") + 1] == "fp8"
+    for refused in ("int8", "bf16"):
+        with pytest.raises(SettingsError, match=f"KV_CACHE_DTYPE={refused} is not for APPLIANCE_ENGINE=vllm"):
+            settings(engine="vllm", vllm_python=str(python), kv_cache_dtype=refused)
 
 
 def test_doctor_checks_the_vllm_venv(vllm_model: VllmModel, tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ async def test_the_stock_vllm_dashboards_series_are_all_there(client: Any) -> No
 
     (info,) = found["vllm:cache_config_info"]
     assert info.value == 1 and info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == "64"
+    assert info.labels["cache_dtype"] == "auto", "vLLM's name for the pool's element type (auto: the model's)"
     assert "process_resident_memory_bytes" in found or "process_cpu_seconds_total" in found
     assert found["vllm:prefix_cache_queries_total"] and "queried tokens" in scraped.text
 

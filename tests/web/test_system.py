@@ -35,7 +35,8 @@ def samples(text: str) -> dict[str, list[Any]]:
 
 async def test_health_and_ready(client: Any) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
-    assert (await client.get("/ready")).json() == {"status": "ready", "model": MODEL}
+    ready = (await client.get("/ready")).json()
+    assert ready == {"status": "ready", "model": MODEL, "kv_cache_tokens": 64 * 16, "kv_cache_dtype": "auto"}
 
 
 async def test_metrics_need_a_credential(client: Any) -> None:

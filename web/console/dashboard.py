@@ -107,10 +107,11 @@ async def dashboard(
         context["charts"] = build_charts(rows, chosen, kind, time.time())
         waiting = live.stats.waiting if live.stats else 0
         holder = seat_holder(context["shares"])
+        kv_dtype = live.stats.kv_cache_dtype if live.stats else None
         statuses = context["backends"]
         context["diagnosis"] = (
             diagnose_backends(statuses, kind)
             if has_remotes(statuses)
-            else diagnose(state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label, holder)
+            else diagnose(state.label, state.reason, waiting, live.kv_usage, kind, rows, chosen.label, holder, kv_dtype)
         )
     return render("console/dashboard.html", context, partial=partial)

@@ -21,13 +21,23 @@ class Diagnosis:
     levers: list[str] = field(default_factory=list)
 
 
-def memory_levers(kind: str) -> list[str]:
+EIGHT_BIT_KV = ("int8", "fp8")
+EIGHT_BIT_LEVER = (
+    "an 8-bit KV cache (APPLIANCE_KV_CACHE_DTYPE=int8, or fp8; vLLM takes fp8): about twice the tokens in the "
+    "same memory, at a small cost in fidelity (see the README)"
+)
+
+
+def memory_levers(kind: str, kv_cache_dtype: str | None = None) -> list[str]:
+    """kv_cache_dtype: the embedded engine's pool (None: not known); an 8-bit one is named where it is off."""
     more = (
         "more VRAM: a GPU with more memory, or raise APPLIANCE_GPU_MEMORY_UTILIZATION if other programs leave room"
         if kind == "VRAM"
         else "more RAM for the KV pool (APPLIANCE_KV_CACHE_BYTES), or a GPU"
     )
+    eight_bit = [EIGHT_BIT_LEVER] if kv_cache_dtype is not None and kv_cache_dtype not in EIGHT_BIT_KV else []
     return [
+        *eight_bit,
         "a smaller quantization (APPLIANCE_QUANTIZATION=nf4 or fp4) leaves more memory for KV blocks",
         "shorter contexts (APPLIANCE_MAX_MODEL_LEN): long conversations hold many blocks each",
         "lower max_tokens caps on the API keys, so each reply holds fewer blocks for less time",
@@ -62,8 +72,10 @@ def diagnose(
     window: Sequence[Bucket],
     window_label: str,
     holder: SeatHolder | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> Diagnosis:
-    """`holder`: the key holding most seats while other keys wait, named first when anything waits."""
+    """`holder`: the key holding most seats while other keys wait, named first when anything waits;
+    `kv_cache_dtype`: the pool's element type (EngineStats'), for the 8-bit KV lever where it is off."""
     if state in (EngineLabel.DOWN, EngineLabel.LOADING, EngineLabel.DRAINING):
         return Diagnosis("down", f"The engine is {state}.", [reason])
     detail, waited_full = _window_detail(window, window_label)
@@ -75,7 +87,7 @@ def diagnose(
             "memory",
             f"Memory is the limit: {waiting} request(s) wait while the KV cache is {kv:.0%} full.",
             [*who, "The batch cannot take more requests until running ones finish and free their KV blocks.", *details],
-            [*who_levers, *memory_levers(memory_kind)],
+            [*who_levers, *memory_levers(memory_kind, kv_cache_dtype)],
         )
     if waiting > 0:
         return Diagnosis(
@@ -92,5 +104,5 @@ def diagnose(
         "healthy",
         "Healthy: no request is waiting for a seat.",
         details,
-        memory_levers(memory_kind) if waited_full else [],
+        memory_levers(memory_kind, kv_cache_dtype) if waited_full else [],
     )

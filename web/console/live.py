@@ -95,10 +95,11 @@ def memory_segments(s: EngineStats) -> list[Segment]:
     kv_used = int(s.kv_pool_bytes * s.kv_usage)
     free = max(min(s.device_memory_free, total), 0)
     other = max(total - free - s.weights_bytes - s.kv_pool_bytes, 0)
+    kv = "KV" if s.kv_cache_dtype == "auto" else f"KV ({s.kv_cache_dtype})"  # an 8-bit pool holds ~2x the tokens
     parts = [
         ("weights", "model weights", s.weights_bytes),
-        ("kv-used", "KV in use", kv_used),
-        ("kv-pool", "KV pool, unused", s.kv_pool_bytes - kv_used),
+        ("kv-used", f"{kv} in use", kv_used),
+        ("kv-pool", f"{kv} pool, unused", s.kv_pool_bytes - kv_used),
         ("other", "other use", other),
         ("free", "free", free),
     ]

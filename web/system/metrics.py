@@ -260,6 +260,7 @@ def _cache_config_info(s: EngineStats) -> GaugeMetricFamily:
         "block_size": str(s.block_size),
         "num_gpu_blocks": str(s.kv_blocks_total),
         "enable_prefix_caching": "True",
+        "cache_dtype": s.kv_cache_dtype,
         "memory_kind": s.memory_kind,
     }
     return _gauge("vllm:cache_config_info", "Information of the engine's KV cache configuration.", 1.0, labels)

@@ -33,7 +33,7 @@ class Fit:
     kv_per_chat: int
     chats: int
     chat_tokens: int
-    precision: str  # quantization and compute dtype, as configured ("nf4, bfloat16")
+    precision: str  # quantization, compute dtype and an 8-bit KV cache, as configured ("nf4, bfloat16, KV int8")
     load_peak: int = 0  # RAM while the weights load, where it exceeds weights + KV (a GGUF's conversion)
 
     @property

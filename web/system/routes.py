@@ -24,6 +24,10 @@ class Health(Struct):
 class Readiness(Struct):
     status: str
     model: str | None
+    # The local engine's KV pool: tokens it holds (blocks x block size) and its element type (auto: the model's;
+    # int8 or fp8: about twice the tokens in the same bytes). None where no local engine serves.
+    kv_cache_tokens: int | None = None
+    kv_cache_dtype: str | None = None
 
 
 @get("/health", sync_to_thread=False)
@@ -34,7 +38,10 @@ def health() -> Health:
 @get("/ready", sync_to_thread=False)
 def ready(gate: deps.Gate) -> Readiness:
     gate.check()
-    return Readiness("ready", gate.model_name)
+    info = gate.client.model_info
+    if info is None or not info.kv_bytes_per_block:  # a remote backend's context, not a pool
+        return Readiness("ready", gate.model_name)
+    return Readiness("ready", gate.model_name, info.num_kv_blocks * info.block_size, info.kv_cache_dtype)
 
 
 @get("/metrics")

@@ -40,16 +40,29 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t head_di
 }
 
 /* Token t's query heads (q, row stride ldq) and key heads (k, ldk) rotated in place by cos[t], sin[t] (rows of
- * head_dim); its keys and values (v, ldv) then written to pool slot slots[t] of every KV head's cache ([kv_heads]
- * [num_slots][head_dim]). 0 on success; 2 where a slot lies outside the pool (nothing of that token is written). */
+ * head_dim). */
+static void rotate_token(float *q, int64_t ldq, float *k, int64_t ldk, const float *cos, const float *sin, int64_t t,
+                         int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    const float *c = cos + t * head_dim, *s = sin + t * head_dim;
+    for (int64_t h = 0; h < heads; ++h) rotate(q + t * ldq + h * head_dim, c, s, head_dim);
+    for (int64_t h = 0; h < kv_heads; ++h) rotate(k + t * ldk + h * head_dim, c, s, head_dim);
+}
+
+/* Every token rotated as rotate_token does, nothing stored (a pool in a form the caller writes itself). */
+void rope(float *q, int64_t ldq, float *k, int64_t ldk, const float *cos, const float *sin, int64_t tokens,
+          int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    for (int64_t t = 0; t < tokens; ++t) rotate_token(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
+}
+
+/* Each token rotated (rotate_token); its keys and values (v, ldv) then written to pool slot slots[t] of every KV
+ * head's cache ([kv_heads][num_slots][head_dim]). 0 on success; 2 where a slot lies outside the pool (nothing of
+ * that token is written). */
 int rope_and_store(float *q, int64_t ldq, float *k, int64_t ldk, const float *v, int64_t ldv, const float *cos,
                    const float *sin, const int64_t *slots, int64_t tokens, int64_t heads, int64_t kv_heads,
                    int64_t head_dim, float *k_cache, float *v_cache, int64_t num_slots) {
     int failed = 0;
     for (int64_t t = 0; t < tokens; ++t) {
-        const float *c = cos + t * head_dim, *s = sin + t * head_dim;
-        for (int64_t h = 0; h < heads; ++h) rotate(q + t * ldq + h * head_dim, c, s, head_dim);
-        for (int64_t h = 0; h < kv_heads; ++h) rotate(k + t * ldk + h * head_dim, c, s, head_dim);
+        rotate_token(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
         const int64_t slot = slots[t];
         if (slot < 0 || slot >= num_slots) {
             failed = 2;
@@ -59,6 +72,76 @@ int rope_and_store(float *q, int64_t ldq, float *k, int64_t ldk, const float *v,
             const size_t bytes = sizeof(float) * (size_t)head_dim;
             memcpy(k_cache + (h * num_slots + slot) * head_dim, k + t * ldk + h * head_dim, bytes);
             memcpy(v_cache + (h * num_slots + slot) * head_dim, v + t * ldv + h * head_dim, bytes);
+        }
+    }
+    return failed;
+}
+
+/* float to bfloat16, rounded to nearest even (as torch's .to(torch.bfloat16)); scales are finite and positive. */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* One row of head_dim floats as int8 codes and a bf16 scale, as engine.model.kv_cache.quantize computes them:
+ * scale = bf16(max(max|x| / 127, FLT_MIN)), code = round-half-even(clamp(x / scale, -127, 127)). */
+static void quantize_row(const float *x, int64_t head_dim, int8_t *codes, uint16_t *scale) {
+    float top = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
+    float step = top / 127.0f;
+    step = step < 1.17549435e-38f ? 1.17549435e-38f : step;
+    const uint16_t rounded = to_bf16(step);
+    const uint32_t bits = (uint32_t)rounded << 16;
+    memcpy(&step, &bits, sizeof step);
+    for (int64_t i = 0; i < head_dim; ++i) {
+        float c = x[i] / step;
+        c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
+        codes[i] = (int8_t)nearbyintf(c);
+    }
+    *scale = rounded;
+}
+
+/* x H in place, H the n x n Walsh-Hadamard matrix of +-1, n a power of two: the fast transform's butterflies, in
+ * the order engine.model.kv_cache.rotate computes them (sums and differences are exact, so the bits agree). */
+static void hadamard(float *x, int64_t n) {
+    for (int64_t h = 1; h < n; h *= 2)
+        for (int64_t i = 0; i < n; i += 2 * h)
+            for (int64_t j = i; j < i + h; ++j) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* rope_and_store into an int8 pool (engine.model.kv_cache): each token's key rows rotated (hadamard, where head_dim
+ * is a power of two up to 256), and its key and value rows quantized into
+ * k_cache / v_cache ([kv_heads][num_slots][head_dim] int8) with their scales in k_scale / v_scale
+ * ([kv_heads][num_slots] bf16). Returns as rope_and_store does. */
+int rope_and_store_int8(float *q, int64_t ldq, float *k, int64_t ldk, const float *v, int64_t ldv, const float *cos,
+                        const float *sin, const int64_t *slots, int64_t tokens, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, int8_t *k_cache, int8_t *v_cache, uint16_t *k_scale, uint16_t *v_scale,
+                        int64_t num_slots) {
+    int failed = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+        rotate_token(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
+        const int64_t slot = slots[t];
+        if (slot < 0 || slot >= num_slots) {
+            failed = 2;
+            continue;
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t at = h * num_slots + slot;
+            float rotated[256];
+            const float *key = k + t * ldk + h * head_dim;
+            if (head_dim <= 256 && (head_dim & (head_dim - 1)) == 0) {
+                memcpy(rotated, key, sizeof(float) * (size_t)head_dim);
+                hadamard(rotated, head_dim);
+                key = rotated;
+            }
+            quantize_row(key, head_dim, k_cache + at * head_dim, k_scale + at);
+            quantize_row(v + t * ldv + h * head_dim, head_dim, v_cache + at * head_dim, v_scale + at);
         }
     }
     return failed;

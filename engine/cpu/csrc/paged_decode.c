@@ -16,6 +16,12 @@
  * -DELEM_BF16 for bf16, else float), so every inner loop has a constant trip count and vectorises whole
  * (-O3 -march=native, reassociation allowed); engine/cpu/decode_kernel.py calls it once per layer and step.
  * bf16 is the upper half of a float; results are rounded to nearest even on the way out.
+ *
+ * With -DKV_INT8 the pool is 8-bit (engine/model/kv_cache.py): int8 codes, and one bf16 scale per (KV head, slot)
+ * in k_scale / v_scale ([kv_heads][num_slots]). A key's codes are widened in registers and its dot product
+ * multiplied by its scale once; a value's scale is folded into its softmax weight. Without it both are NULL.
+ * Where HEAD_DIM is a power of two, that pool's keys are rotated (the Walsh-Hadamard transform H of each row), so
+ * the kernel rotates each query the same way and divides by HEAD_DIM (H H = HEAD_DIM I): q . k = qH . kH / HEAD_DIM.
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,6 +61,27 @@ static inline float load(elem x) { return x; }
 static inline elem store(float x) { return x; }
 #endif
 
+#if defined(KV_INT8) && (HEAD_DIM & (HEAD_DIM - 1)) == 0
+#define ROTATED_KEYS 1
+#endif
+
+#ifdef KV_INT8
+typedef int8_t kv_elem;
+static inline float load_kv(kv_elem x) { return (float)x; }
+static inline float load_scale(const uint16_t *scales, int64_t i) {
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = (uint32_t)scales[i] << 16;
+    return v.f;
+}
+#else
+typedef elem kv_elem;
+static inline float load_kv(kv_elem x) { return load(x); }
+static inline float load_scale(const uint16_t *scales, int64_t i) { return (void)scales, (void)i, 1.0f; }
+#endif
+
 /* e^x for x <= 0 (scores minus their maximum), relative error under 2e-7: x = n ln2 + r, |r| <= ln2 / 2,
  * e^r by its degree-6 Taylor polynomial, 2^n put in the exponent bits. Plain arithmetic, so it vectorises. */
 static inline float exp_nonpositive(float x) {
@@ -81,16 +108,17 @@ static float exponentiate(float *restrict p, int64_t n, float top) {
     return sum;
 }
 
-static inline void prefetch_block(const elem *rows, int64_t n) {
+static inline void prefetch_block(const kv_elem *rows, int64_t n) {
     const char *bytes = (const char *)rows;
-    for (int64_t off = 0; off < n * HEAD_DIM * (int64_t)sizeof(elem); off += 64) __builtin_prefetch(bytes + off);
+    for (int64_t off = 0; off < n * HEAD_DIM * (int64_t)sizeof(kv_elem); off += 64) __builtin_prefetch(bytes + off);
 }
 
 /* One row's query heads [GROUP][HEAD_DIM] of one KV head against its context of len tokens, a block at a time:
  * the block's scores, the running maximum and sum rescaled (online softmax), the block's values summed in, while
  * the next block's keys and values are fetched. */
-static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, const elem *v_head,
-                   const int32_t *table, int64_t len, int64_t block_size, float scale, int64_t window, float softcap,
+static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, const kv_elem *v_head,
+                   const uint16_t *k_scale_head, const uint16_t *v_scale_head, const int32_t *table, int64_t len,
+                   int64_t block_size, float scale, int64_t window, float softcap,
                    const float *sinks, float *scores, elem *out) {
     float qf[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], row[HEAD_DIM], best[GROUP], total[GROUP];
     for (int g = 0; g < GROUP; ++g) {
@@ -99,11 +127,24 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
         best[g] = -3.0e38f;
         total[g] = 0.0f;
     }
+#ifdef ROTATED_KEYS
+    /* engine.model.kv_cache.rotate's butterflies; then 1 / HEAD_DIM, a power of two, exactly. */
+    for (int g = 0; g < GROUP; ++g) {
+        for (int h = 1; h < HEAD_DIM; h *= 2)
+            for (int i = 0; i < HEAD_DIM; i += 2 * h)
+                for (int j = i; j < i + h; ++j) {
+                    const float a = qf[g][j], b = qf[g][j + h];
+                    qf[g][j] = a + b;
+                    qf[g][j + h] = a - b;
+                }
+        for (int d = 0; d < HEAD_DIM; ++d) qf[g][d] *= 1.0f / HEAD_DIM;
+    }
+#endif
     /* A window starts mid-block: the first block read skips its first `lo` tokens. */
     const int64_t first = window > 0 && len > window ? len - window : 0;
     for (int64_t t = first - first % block_size; t < len; t += block_size) {
-        const int64_t offset = (int64_t)table[t / block_size] * block_size * HEAD_DIM;
-        const elem *keys = k_head + offset, *values = v_head + offset;
+        const int64_t first_slot = (int64_t)table[t / block_size] * block_size, offset = first_slot * HEAD_DIM;
+        const kv_elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
         const int64_t lo = t < first ? first - t : 0;
         for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
@@ -115,11 +156,12 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
             prefetch_block(v_head + at, m);
         }
         for (int64_t i = lo; i < n; ++i) {
-            for (int d = 0; d < HEAD_DIM; ++d) row[d] = load(keys[i * HEAD_DIM + d]);
+            for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(keys[i * HEAD_DIM + d]);
+            const float key_scale = load_scale(k_scale_head, first_slot + i);
             for (int g = 0; g < GROUP; ++g) {
                 float s = 0.0f;
                 for (int d = 0; d < HEAD_DIM; ++d) s += qf[g][d] * row[d];
-                scores[g * n + i] = s;
+                scores[g * n + i] = s * key_scale;
             }
         }
         if (softcap > 0.0f)
@@ -134,9 +176,10 @@ static void attend(const elem *q, int64_t q_stride_head, const elem *k_head, con
             best[g] = top;
         }
         for (int64_t i = lo; i < n; ++i) {
-            for (int d = 0; d < HEAD_DIM; ++d) row[d] = load(values[i * HEAD_DIM + d]);
+            for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(values[i * HEAD_DIM + d]);
+            const float value_scale = load_scale(v_scale_head, first_slot + i);
             for (int g = 0; g < GROUP; ++g) {
-                const float w = scores[g * n + i];
+                const float w = scores[g * n + i] * value_scale;
                 for (int d = 0; d < HEAD_DIM; ++d) acc[g][d] += w * row[d];
             }
         }
@@ -166,13 +209,14 @@ static int within(const int32_t *table, int64_t len, int64_t max_len, int64_t ma
 }
 
 /* q: token i's head h at q + i * q_stride_token + h * q_stride_head (HEAD_DIM contiguous); k_cache, v_cache:
- * [kv_heads, num_slots, HEAD_DIM]; tables: [*, max_blocks]; row r is token rows[r], attends with block table
+ * [kv_heads, num_slots, HEAD_DIM], k_scale, v_scale: [kv_heads, num_slots] with KV_INT8, else NULL; tables: [*, max_blocks]; row r is token rows[r], attends with block table
  * table_of[r] over lens[r] tokens (1 <= lens[r] <= max_len), and writes its heads at out + rows[r] *
  * out_stride_token ([heads, HEAD_DIM] contiguous). window (0: none), softcap (0: none) and sinks ([heads] fp32,
  * or NULL) are the layer's features (see above). 0 on success, 1 where scratch memory ran out, 2 where a row's
  * length or blocks lie outside what it was given (that row is left unwritten). */
-int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride_head, const elem *k_cache,
-                         const elem *v_cache, int64_t num_slots, const int32_t *tables, int64_t max_blocks,
+int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride_head, const kv_elem *k_cache,
+                         const kv_elem *v_cache, const uint16_t *k_scale, const uint16_t *v_scale, int64_t num_slots,
+                         const int32_t *tables, int64_t max_blocks,
                          const int32_t *rows, const int32_t *table_of, const int32_t *lens, int64_t num_rows,
                          int64_t kv_heads, int64_t block_size, float scale, int64_t max_len, int64_t window,
                          float softcap, const float *sinks, elem *out, int64_t out_stride_token, int threads) {
@@ -196,6 +240,7 @@ int paged_attention_rows(const elem *q, int64_t q_stride_token, int64_t q_stride
             }
             attend(q + token * q_stride_token + kvh * GROUP * q_stride_head, q_stride_head,
                    k_cache + kvh * num_slots * HEAD_DIM, v_cache + kvh * num_slots * HEAD_DIM,
+                   k_scale == NULL ? NULL : k_scale + kvh * num_slots, v_scale == NULL ? NULL : v_scale + kvh * num_slots,
                    tables + (int64_t)table_of[r] * max_blocks, lens[r], block_size, scale, window, softcap,
                    sinks == NULL ? NULL : sinks + kvh * GROUP, scores,
                    out + token * out_stride_token + kvh * GROUP * HEAD_DIM);
