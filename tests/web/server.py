@@ -20,6 +20,9 @@ from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
 REPO = Path(__file__).resolve().parents[2]
 SHARED_MODEL_CACHE = REPO / "data" / "test-cache" / "llm-appliance" / "models"  # tests/conftest.py's XDG_DATA_HOME
 READY_TIMEOUT = 600.0
+# An admin API call checks the admin password with scrypt at its full cost in the server (about a second, several
+# on a loaded machine): httpx's default of 5 s is too short for that.
+ADMIN_TIMEOUT_S = 30.0
 
 
 def free_port() -> int:
@@ -56,20 +59,22 @@ class Server:
 
     def new_key_and_id(self, name: str = "real", **limits: object) -> tuple[str, int]:
         """A key and its id, for a test on a shared server that counts its own history rows (`key_id=`)."""
-        response = httpx.post(self.url + "/admin/api/keys", json={"name": name, **limits}, headers=ADMIN)
+        response = httpx.post(
+            self.url + "/admin/api/keys", json={"name": name, **limits}, headers=ADMIN, timeout=ADMIN_TIMEOUT_S
+        )
         response.raise_for_status()
         body = response.json()
         return str(body["key"]), int(body["info"]["id"])
 
     def history(self, **filters: object) -> list[dict[str, Any]]:
         """History rows, newest first; on a shared server, filter by a key of the test's own (`key_id=`)."""
-        response = httpx.get(self.url + "/admin/api/requests", params=filters, headers=ADMIN)  # type: ignore[arg-type]
+        response = httpx.get(self.url + "/admin/api/requests", params=filters, headers=ADMIN, timeout=ADMIN_TIMEOUT_S)  # type: ignore[arg-type]
         response.raise_for_status()
         return list(response.json()["data"])
 
     def request_row(self, request_id: str) -> dict[str, Any]:
         """One request's history row, found by the id its answer carried (x-request-id)."""
-        response = httpx.get(f"{self.url}/admin/api/requests/{request_id}", headers=ADMIN)
+        response = httpx.get(f"{self.url}/admin/api/requests/{request_id}", headers=ADMIN, timeout=ADMIN_TIMEOUT_S)
         response.raise_for_status()
         return dict(response.json())
 
