@@ -45,6 +45,11 @@ from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger
 from web.openai.routes import openai_router
+from web.people.accounts import Accounts
+from web.people.admin_api import people_api
+from web.people.enrol import Enrolment
+from web.people.sessions import SessionStore
+from web.people.signin import SignIn
 from web.responses.routes import responses_router
 from web.system.access import AccessLog
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
@@ -81,6 +86,9 @@ class Gateway:
     jobs: Jobs
     models: ModelSwitch
     responses: ResponseStore
+    accounts: Accounts
+    enrolment: Enrolment
+    web_sessions: SessionStore
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -126,6 +134,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
     limiter = ConcurrencyLimiter()
     ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text, config.gateway_id)
     inflight = InFlight(gate, ledger)
+    accounts = Accounts(sessions)
     return Gateway(
         config=config,
         client=client,
@@ -138,7 +147,7 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         history=history,
         limiter=limiter,
         metrics=metrics,
-        admin=AdminAuth(sessions, config.metrics_token),
+        admin=AdminAuth(accounts, SignIn(sessions), config.metrics_token),
         gate=gate,
         ledger=ledger,
         inflight=inflight,
@@ -147,6 +156,9 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         jobs=Jobs(config, keys, history, Sampler(client.stats, metrics, sessions)),
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
         responses=ResponseStore(sessions, config.store_text),
+        accounts=accounts,
+        enrolment=Enrolment(accounts, sessions, config.self_signup),
+        web_sessions=SessionStore(sessions),
     )
 
 
@@ -197,10 +209,11 @@ def app_of(gateway: Gateway) -> Litestar:
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),
         keys_router(admin),
+        people_api(admin),
         history_router(admin),
         backends_api(admin),
     ]
-    browser = pages()  # the chat page, the admin console, their templates and static files
+    browser = pages(gateway.web_sessions)  # the chat page, the admin console, their templates and static files
     dependencies = gateway.dependencies()
     app = Litestar(
         route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],

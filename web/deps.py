@@ -18,11 +18,16 @@ from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger as _Ledger
+from web.people.accounts import Accounts as _Accounts
+from web.people.enrol import Enrolment as _Enrolment
+from web.people.sessions import SessionStore
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics as _Metrics
 from web.system.models import ModelSwitch
 
+Accounts = NamedDependency[_Accounts]
 Admin = NamedDependency[AdminAuth]
+Enrolment = NamedDependency[_Enrolment]
 Config = NamedDependency[WebConfig]
 Gate = NamedDependency[EngineGate]
 Generations = NamedDependency[_Generations]
@@ -38,3 +43,4 @@ Responses = NamedDependency[ResponseStore]
 Router = NamedDependency[_Router]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
 Views = NamedDependency[KeyViews]
+WebSessions = NamedDependency[SessionStore]

@@ -76,6 +76,14 @@ class AdminAuthRequired(AppError):
         super().__init__(message, headers={"WWW-Authenticate": 'Basic realm="appliance admin"'})
 
 
+class SignInFailed(AppError):
+    """A person's sign-in refused: one message for an unknown name and a wrong password."""
+
+    status_code = 401
+    type = "invalid_request_error"
+    code = "sign_in_failed"
+
+
 class NotFound(AppError):
     status_code = 404
     type = "invalid_request_error"

@@ -22,10 +22,12 @@ from appliance.settings import Settings, load_settings
 from tests.security.conftest import AUTH_CASES, Appliance, Session, figures, route_table, serve
 from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN, MODEL, assert_openai_error, web_config
 from web.console.auth import CSRF_HEADER, SESSION_COOKIE
-from web.console.sessions import LoginLimiter, tokens_match
 from web.keys.service import KeyService, hash_key
+from web.people.sessions import SessionStore, tokens_match
+from web.people.signin import SignIn
 from web.static import STATIC_DIR
 from web.system.admin_auth import AdminAuth, verify_password
+from web.system.login_limiter import LoginLimiter
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -39,14 +41,16 @@ def _static_file(folder: str) -> str:
 
 # -- who may call what -------------------------------------------------------------------------------------------
 
-API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM = (
+API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM, PERSON = (
     "user key",
     "admin credential",
     "admin credential or metrics token",
     "anyone",
     "console session",
     "anyone with the login form's token",
+    "a person's session",
 )
+PERSON_PATHS = ("/logout", "/logout-everywhere")
 
 
 def policy(path: str) -> str:
@@ -59,8 +63,10 @@ def policy(path: str) -> str:
         return METRICS
     if path in ("/", "/health", "/ready") or path.startswith("/static/"):
         return PUBLIC
-    if path == "/admin/login":
+    if path in ("/admin/login", "/login", "/signup", "/invite/{token:str}"):
         return LOGIN_FORM
+    if path in PERSON_PATHS:
+        return PERSON
     if path == "/admin" or path.startswith("/admin/"):
         return CONSOLE
     raise AssertionError(f"{path} has no access policy in the matrix")
@@ -106,6 +112,21 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("GET", "/admin/api/backends"): Call(200),
     ("GET", "/admin/api/requests/{request_id:str}"): Call(200),
     ("GET", "/admin/api/openapi.json"): Call(200),  # admin-only: it lists the admin API
+    ("GET", "/admin/api/users"): Call(200),
+    ("POST", "/admin/api/users"): Call(400, json={"username": "matrix", "password": "short"}),  # past the guard
+    ("POST", "/admin/api/users/import"): Call(200, json={"csv": "username,password\n"}),
+    ("GET", "/admin/api/users/{user_id:int}"): Call(200),
+    ("PATCH", "/admin/api/users/{user_id:int}"): Call(200, json={}),
+    ("POST", "/admin/api/users/{user_id:int}/sign-out"): Call(200),
+    ("POST", "/admin/api/invites"): Call(201, json={}),
+    ("GET", "/login"): Call(200),
+    ("POST", "/login"): Call(403, form={"username": "admin", "password": ADMIN_PASSWORD}),  # no form token
+    ("GET", "/signup"): Call(403),  # closed unless the operator opens it
+    ("POST", "/signup"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
+    ("GET", "/invite/{token:str}"): Call(404),  # no such invite
+    ("POST", "/invite/{token:str}"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
+    ("POST", "/logout"): Call(303),
+    ("POST", "/logout-everywhere"): Call(303),
     ("GET", "/"): Call(200),
     ("GET", "/admin/login"): Call(200, signed_in=303),  # a signed-in admin is sent on to the console
     ("POST", "/admin/login"): Call(403, form={"password": ADMIN_PASSWORD}),  # without the form's token: refused
@@ -150,9 +171,21 @@ CREDENTIALS = [
     Credential("metrics token", lambda a, s: _bearer(METRICS_TOKEN), {METRICS}),
     Credential("admin Basic", lambda a, s: dict(ADMIN), {ADMIN_ONLY, METRICS}),
     Credential(
-        "admin session", lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf}, {CONSOLE}
+        "admin session",
+        lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf},
+        {CONSOLE, PERSON},
     ),
+    Credential("person session", lambda a, s: _person_session(a), {PERSON}),
 ]
+
+
+def _person_session(appliance: Appliance) -> dict[str, str]:
+    """A fresh session of a plain person (the allowed call may end it): no admin."""
+    if "matrix-person" not in appliance.keys:
+        appliance.new_person("matrix-person")
+        appliance.keys["matrix-person"] = "made"
+    signed = appliance.person_signs_in("matrix-person")
+    return {"Cookie": f"{SESSION_COOKIE}={signed.cookie}", CSRF_HEADER: signed.csrf}
 
 
 def test_the_matrix_covers_every_route() -> None:
@@ -168,6 +201,7 @@ class Fixtures:
 
     request_id: str
     key_id: int
+    user_id: int
 
 
 def _path(template: str, fixtures: Fixtures) -> str:
@@ -176,6 +210,8 @@ def _path(template: str, fixtures: Fixtures) -> str:
         template.replace("{model_id:path}", MODEL)
         .replace("{key_id:int}", str(fixtures.key_id))
         .replace("{request_id:str}", fixtures.request_id)
+        .replace("{user_id:int}", str(fixtures.user_id))
+        .replace("{token:str}", "no-such-invite")
         .replace("{file_path:path}", _static_file(folder) if folder else "")
     )
 
@@ -197,6 +233,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
     if rule == CONSOLE:
         assert response.status_code == 303, where
         assert response.headers["location"].startswith("/admin/login?next="), where
+    elif rule == PERSON:
+        assert response.status_code == 303, where
+        assert response.headers["location"].startswith("/login?next="), where
     elif path.startswith("/v1/messages"):  # the Anthropic API's own error shape
         assert response.status_code == 401, where
         assert response.json()["error"]["type"] == "authentication_error", where
@@ -206,8 +245,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
             assert response.headers["www-authenticate"].startswith("Basic"), where
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def session(appliance: Appliance) -> Session:
+    """Per test: /logout-everywhere ends every session of the admin."""
     return appliance.sign_in()
 
 
@@ -218,10 +258,9 @@ def test_route_answers_each_credential_as_its_policy_says(
     rule, call = policy(path), ALLOWED[(method, path)]
     chat = appliance.http.post("/v1/chat/completions", json=CHAT, headers=_bearer(appliance.keys["user"]))
     key_id, _ = appliance.new_key("matrix target")
-    fixtures = Fixtures(chat.json()["id"], key_id)
+    user_id = appliance.new_person(f"target-{secrets.token_hex(4)}")
+    fixtures = Fixtures(chat.json()["id"], key_id, user_id)
     url = _path(path, fixtures)
-    if path == "/admin/logout":
-        session = appliance.sign_in()  # its own session: the allowed call ends it
     allowed = [c for c in CREDENTIALS if rule in (PUBLIC, LOGIN_FORM) or rule in c.opens]
     for credential in (c for c in CREDENTIALS if c not in allowed):  # first: each must find the target as it was
         before = appliance.key_states()
@@ -240,7 +279,7 @@ def test_route_answers_each_credential_as_its_policy_says(
 def test_options_reveal_nothing(request: pytest.FixtureRequest, appliance: Appliance, path: str) -> None:
     """Litestar answers OPTIONS itself (Allow header, empty body); behind a router's guard it is refused like the
     route. Either way no credential is needed to learn nothing."""
-    url = _path(path, Fixtures("none", 1))
+    url = _path(path, Fixtures("none", 1, 1))
     appliance.http.cookies.clear()
     response = appliance.http.options(url, follow_redirects=False)
     figures(request, {AUTH_CASES: 1})
@@ -357,7 +396,7 @@ def _compared_names(function: Callable[..., Any]) -> list[str]:
 
 @pytest.mark.parametrize(
     "function",
-    [KeyService.authenticate, verify_password, AdminAuth.verify, AdminAuth.check_metrics, tokens_match],
+    [KeyService.authenticate, verify_password, SignIn._rehash, AdminAuth.check_metrics, tokens_match],
     ids=lambda f: f.__qualname__,
 )
 def test_secrets_are_compared_in_constant_time(function: Callable[..., Any]) -> None:
@@ -370,6 +409,13 @@ def test_secrets_are_compared_in_constant_time(function: Callable[..., Any]) -> 
     assert any(name in source for name in CONSTANT_TIME), f"{function.__qualname__} uses no compare_digest"
     leaky = [n for n in _compared_names(function) if any(word in n.lower() for word in SECRET_NAMES)]
     assert not leaky, f"{function.__qualname__} compares {leaky} with == or !="
+
+
+def test_sessions_are_found_by_their_hash() -> None:
+    """Like API keys: the cookie's value is hashed before the database is asked, and the row found by that hash."""
+    source = inspect.getsource(SessionStore.get)
+    assert source.index("_digest(token)") < source.index("execute(")
+    assert "WebSession.id_hash == digest" in source
 
 
 def test_api_keys_are_found_by_their_hash() -> None:

@@ -14,7 +14,8 @@ import pytest
 from tests.security.conftest import AUTH_CASES, SERVER_ERRORS, TRIED, Appliance, Session, figures, serve
 from tests.web.conftest import ADMIN_PASSWORD
 from web.console.auth import CSRF_FIELD, CSRF_HEADER, LOGIN_COOKIE, SESSION_COOKIE
-from web.console.sessions import MAX_AGE_S, LoginLimiter
+from web.people.sessions import MAX_AGE_S
+from web.system.login_limiter import LoginLimiter
 
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -114,7 +115,8 @@ def test_cookie_flags(tmp_path: Path, scheme: str) -> None:
     secure = scheme == "https"
     login_cookie = _set_cookies(page)[LOGIN_COOKIE][LOGIN_COOKIE]
     session_cookie = _set_cookies(signed_in)[SESSION_COOKIE][SESSION_COOKIE]
-    for cookie, path in ((login_cookie, "/admin/login"), (session_cookie, "/admin")):
+    # One session for the chat page and the console (web/people): its cookie is the whole site's.
+    for cookie, path in ((login_cookie, "/admin/login"), (session_cookie, "/")):
         assert cookie["httponly"] and cookie["samesite"].lower() == "strict" and cookie["path"] == path
         assert bool(cookie["secure"]) == secure
     assert int(session_cookie["max-age"]) == MAX_AGE_S
