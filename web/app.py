@@ -48,6 +48,9 @@ from web.openai.routes import openai_router
 from web.people.accounts import Accounts
 from web.people.admin_api import people_api
 from web.people.enrol import Enrolment
+from web.people.personal_keys import PersonalKeys
+from web.people.plans import Plans
+from web.people.plans_api import plans_api
 from web.people.sessions import SessionStore
 from web.people.signin import SignIn
 from web.responses.routes import responses_router
@@ -87,6 +90,8 @@ class Gateway:
     models: ModelSwitch
     responses: ResponseStore
     accounts: Accounts
+    plans: Plans
+    personal_keys: PersonalKeys
     enrolment: Enrolment
     web_sessions: SessionStore
 
@@ -157,6 +162,8 @@ def build_gateway(config: WebConfig, client: EngineClient, catalog: Catalog | No
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
         responses=ResponseStore(sessions, config.store_text),
         accounts=accounts,
+        plans=Plans(sessions),
+        personal_keys=PersonalKeys(keys),
         enrolment=Enrolment(accounts, sessions, config.self_signup),
         web_sessions=SessionStore(sessions),
     )
@@ -200,7 +207,7 @@ def app_of(gateway: Gateway) -> Litestar:
             await gateway.stop(engine_task)
 
     admin = admin_guard(gateway.admin)
-    api_key = api_key_guard(gateway.keys)
+    api_key = api_key_guard(gateway.keys, gateway.plans)
     api = [
         openai_router(api_key),
         anthropic_router(api_key),
@@ -210,6 +217,7 @@ def app_of(gateway: Gateway) -> Litestar:
         admin_system_router(admin),
         keys_router(admin),
         people_api(admin),
+        plans_api(admin),
         history_router(admin),
         backends_api(admin),
     ]

@@ -20,6 +20,8 @@ from web.keys.views import KeyViews
 from web.ledger import Ledger as _Ledger
 from web.people.accounts import Accounts as _Accounts
 from web.people.enrol import Enrolment as _Enrolment
+from web.people.personal_keys import PersonalKeys as _PersonalKeys
+from web.people.plans import Plans as _Plans
 from web.people.sessions import SessionStore
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics as _Metrics
@@ -38,6 +40,8 @@ Ledger = NamedDependency[_Ledger]
 Limiter = NamedDependency[ConcurrencyLimiter]
 Metrics = NamedDependency[_Metrics]
 Models = NamedDependency[ModelSwitch]
+PersonalKeys = NamedDependency[_PersonalKeys]
+Plans = NamedDependency[_Plans]
 Prompts = NamedDependency[_Prompts]
 Responses = NamedDependency[ResponseStore]
 Router = NamedDependency[_Router]

@@ -84,6 +84,17 @@ class SignInFailed(AppError):
     code = "sign_in_failed"
 
 
+class NameTaken(AppError):
+    """A user or plan name already in use: retrying the same request cannot help."""
+
+    status_code = 409
+    type = "invalid_request_error"
+    code = "name_taken"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, headers={"x-should-retry": "false"})
+
+
 class NotFound(AppError):
     status_code = 404
     type = "invalid_request_error"

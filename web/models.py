@@ -105,10 +105,13 @@ class RequestRecord(Base):
         Index("ix_requests_key_id_arrival_at", "key_id", "arrival_at"),
         Index("ix_requests_status", "status"),
         Index("ix_requests_backend_arrival_at", "backend", "arrival_at"),
+        Index("ix_requests_user_id_arrival_at", "user_id", "arrival_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # The person it counts against (their session or personal key); their quota was reserved, not the key's.
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     model: Mapped[str] = mapped_column(String(200))
     endpoint: Mapped[str] = mapped_column(String(64))
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -163,7 +166,7 @@ class EngineSample(Base):
 
 class Plan(Base):
     """A named set of limits people are given (web/people/plans.py); a user's own overrides go over it. models:
-    the model names it may use, comma-separated; empty: every model."""
+    the JSON list of the served model names it may use; empty: every model."""
 
     __tablename__ = "plans"
 
@@ -175,7 +178,7 @@ class Plan(Base):
     max_concurrent: Mapped[int | None] = mapped_column(BigCount)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     priority: Mapped[str] = mapped_column(String(16), default="interactive")
-    models: Mapped[str] = mapped_column(Text, default="")
+    models: Mapped[str] = mapped_column(Text, default="[]")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

@@ -96,6 +96,12 @@ def upgrade() -> None:
         batch_op.create_foreign_key(
             batch_op.f("fk_api_keys_user_id_users"), "users", ["user_id"], ["id"], ondelete="CASCADE"
         )
+    with op.batch_alter_table("requests", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("user_id", ID, nullable=True))
+        batch_op.create_index("ix_requests_user_id_arrival_at", ["user_id", "arrival_at"], unique=False)
+        batch_op.create_foreign_key(
+            batch_op.f("fk_requests_user_id_users"), "users", ["user_id"], ["id"], ondelete="SET NULL"
+        )
     # The admin credential moves into a users row, its scrypt hash as it is (nothing is re-hashed or learnt).
     credentials = sa.table(
         "admin_credentials",
@@ -119,6 +125,30 @@ def upgrade() -> None:
                     "updated_at": row.updated_at,
                 }
                 for row in moved
+            ],
+        )
+        admin_ids = op.get_bind().execute(sa.select(users.c.id, users.c.created_at)).all()
+        usage = sa.table(
+            "user_usage",
+            sa.column("user_id", ID),
+            sa.column("period_start", sa.DateTime),
+            sa.column("used_tokens", ID),
+            sa.column("reserved_tokens", ID),
+            sa.column("total_tokens", ID),
+            sa.column("total_requests", ID),
+        )
+        op.bulk_insert(
+            usage,
+            [
+                {
+                    "user_id": row.id,
+                    "period_start": row.created_at,
+                    "used_tokens": 0,
+                    "reserved_tokens": 0,
+                    "total_tokens": 0,
+                    "total_requests": 0,
+                }
+                for row in admin_ids
             ],
         )
     op.drop_table("admin_credentials")
@@ -147,6 +177,10 @@ def downgrade() -> None:
             credentials,
             [{"username": "admin", "password_hash": admin.password_hash, "updated_at": admin.updated_at}],
         )
+    with op.batch_alter_table("requests", schema=None) as batch_op:
+        batch_op.drop_constraint(batch_op.f("fk_requests_user_id_users"), type_="foreignkey")
+        batch_op.drop_index("ix_requests_user_id_arrival_at")
+        batch_op.drop_column("user_id")
     with op.batch_alter_table("api_keys", schema=None) as batch_op:
         batch_op.drop_constraint(batch_op.f("fk_api_keys_user_id_users"), type_="foreignkey")
         batch_op.drop_index(batch_op.f("ix_api_keys_user_id"))

@@ -50,7 +50,7 @@ API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM, PERSON = (
     "anyone with the login form's token",
     "a person's session",
 )
-PERSON_PATHS = ("/logout", "/logout-everywhere")
+PERSON_PATHS = ("/logout", "/logout-everywhere", "/account", "/account/keys", "/account/keys/{key_id:int}/revoke")
 
 
 def policy(path: str) -> str:
@@ -125,6 +125,14 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/signup"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
     ("GET", "/invite/{token:str}"): Call(404),  # no such invite
     ("POST", "/invite/{token:str}"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
+    ("GET", "/admin/api/plans"): Call(200),
+    ("POST", "/admin/api/plans"): Call(400, json={"name": "matrix", "weight": -1}),  # past the guard: refused
+    ("GET", "/admin/api/plans/{plan_id:int}"): Call(404),  # no such plan
+    ("PATCH", "/admin/api/plans/{plan_id:int}"): Call(404, json={}),
+    ("GET", "/account"): Call(200),
+    ("POST", "/account/keys"): Call(201, form={"name": "matrix"}),
+    # The target key is the admin's, not the session's person's: past the guard, the same 404 as no key at all.
+    ("POST", "/account/keys/{key_id:int}/revoke"): Call(404),
     ("POST", "/logout"): Call(303),
     ("POST", "/logout-everywhere"): Call(303),
     ("GET", "/"): Call(200),
@@ -211,6 +219,7 @@ def _path(template: str, fixtures: Fixtures) -> str:
         .replace("{key_id:int}", str(fixtures.key_id))
         .replace("{request_id:str}", fixtures.request_id)
         .replace("{user_id:int}", str(fixtures.user_id))
+        .replace("{plan_id:int}", "999999")
         .replace("{token:str}", "no-such-invite")
         .replace("{file_path:path}", _static_file(folder) if folder else "")
     )

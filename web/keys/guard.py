@@ -13,6 +13,7 @@ from litestar.types import Guard
 from web.errors import AuthenticationFailed
 from web.keys.service import KeyService
 from web.models import utcnow
+from web.people.plans import Plans
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -32,8 +33,9 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return bearer_token(headers.get("authorization"))
 
 
-def api_key_guard(keys: KeyService) -> Guard:
-    """Authenticate, and note when the request arrived (wall clock and monotonic) for its history row."""
+def api_key_guard(keys: KeyService, plans: Plans) -> Guard:
+    """Authenticate, and note when the request arrived (wall clock and monotonic) for its history row. A
+    personal key runs under its owner's plan."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         connection.state.arrival = (utcnow(), time.monotonic())
@@ -43,6 +45,6 @@ def api_key_guard(keys: KeyService) -> Guard:
                 "missing API key: send it as 'Authorization: Bearer sk-...' or 'x-api-key: sk-...'",
                 code="missing_api_key",
             )
-        connection.state.api_key = await keys.authenticate(presented)
+        connection.state.api_key = await plans.apply(await keys.authenticate(presented))
 
     return guard

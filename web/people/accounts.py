@@ -7,15 +7,17 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from web.errors import InvalidRequest, NotFound
-from web.models import User, WebSession, utcnow
+from web.errors import InvalidRequest, NameTaken, NotFound
+from web.models import User, UserUsage, WebSession, utcnow
 from web.people.passwords import check_new_password, hash_password
+from web.people.plans import check_overrides
 
 Role = Literal["admin", "user", "pending"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -59,6 +61,13 @@ def _check_role(role: str) -> None:
         raise InvalidRequest(f"role must be one of {', '.join(ROLES)}", param="role")
 
 
+def usage_row(user_id: int, now: datetime) -> UserUsage:
+    """A new person's quota state: nothing used, counted from now."""
+    return UserUsage(
+        user_id=user_id, period_start=now, used_tokens=0, reserved_tokens=0, total_tokens=0, total_requests=0
+    )
+
+
 async def hashed(password: str) -> str:
     problem = check_new_password(password)
     if problem:
@@ -92,11 +101,13 @@ class Accounts:
         try:
             async with self.sessions.begin() as session:
                 session.add(row)
+                await session.flush()
+                session.add(usage_row(row.id, now))
         except IntegrityError:
             # The name is taken, or the plan does not exist (foreign key): say which.
             if await self.by_name(name) is not None:
-                raise InvalidRequest(f"the user name {name!r} is taken", param="username") from None
-            raise InvalidRequest(f"no plan with id {plan_id}", param="plan_id") from None
+                raise NameTaken(f"the user name {name!r} is taken", param="username") from None
+            raise NotFound(f"no plan with id {plan_id}", param="plan_id") from None
         return Person.of(row)
 
     async def by_name(self, username: str) -> User | None:
@@ -130,11 +141,11 @@ class Accounts:
     async def set_plan(self, user_id: int, plan_id: int | None, overrides: dict[str, Any] | None = None) -> Person:
         values: dict[str, Any] = {"plan_id": plan_id}
         if overrides is not None:
-            values["overrides"] = json.dumps(overrides, sort_keys=True)
+            values["overrides"] = json.dumps(check_overrides(overrides), sort_keys=True)
         try:
             return await self._change(user_id, **values)
         except IntegrityError:
-            raise InvalidRequest(f"no plan with id {plan_id}", param="plan_id") from None
+            raise NotFound(f"no plan with id {plan_id}", param="plan_id") from None
 
     async def set_password(self, user_id: int, password: str) -> Person:
         """A new password signs the person out everywhere: whoever knew the old one is out too."""

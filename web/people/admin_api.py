@@ -11,10 +11,37 @@ from litestar.types import Guard
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from web import deps
+from web.keys.schemas import Limit, Weight
+from web.keys.service import Period, Priority
 from web.people.accounts import Person
+from web.people.passwords import MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS
+from web.people.plans_api import ModelName
 
 Id = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 Role = Literal["admin", "user", "pending"]
+Username = Annotated[
+    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", description="compared lower-case; 1 to 64 characters")
+]
+Password = Annotated[str, Meta(min_length=MIN_PASSWORD_CHARS, max_length=MAX_PASSWORD_CHARS)]
+
+
+class Overrides(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A person's own limits over their plan's: only the fields given replace the plan's (null: no limit)."""
+
+    max_tokens_per_request: Limit | UnsetType | None = UNSET
+    quota_tokens: Limit | UnsetType | None = UNSET
+    quota_period: Period | UnsetType = UNSET
+    max_concurrent: Limit | UnsetType | None = UNSET
+    weight: Weight | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
+    allowed_models: list[ModelName] | UnsetType = UNSET
+
+    def given(self) -> dict[str, Any]:
+        """As web/people/plans.py keeps them (allowed_models as models)."""
+        given = {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) is not UNSET}
+        if "allowed_models" in given:
+            given["models"] = given.pop("allowed_models")
+        return given
 
 
 class PersonView(Struct, kw_only=True):
@@ -38,8 +65,8 @@ def view(person: Person) -> PersonView:
 
 
 class PersonCreate(Struct, kw_only=True, forbid_unknown_fields=True):
-    username: str
-    password: str
+    username: Username
+    password: Password
     role: Role = "user"
     plan_id: Id | None = None
 
@@ -50,7 +77,8 @@ class PersonUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     role: Role | UnsetType = UNSET
     suspended: bool | UnsetType = UNSET
     plan_id: Id | UnsetType | None = UNSET
-    password: str | UnsetType = UNSET
+    overrides: Overrides | UnsetType = UNSET  # the person's own limits over their plan's ({} clears them)
+    password: Password | UnsetType = UNSET
 
 
 class CsvImport(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -101,8 +129,10 @@ async def update_person(accounts: deps.Accounts, user_id: FromPath[int], data: J
         person = await accounts.set_role(user_id, data.role)
     if not isinstance(data.suspended, UnsetType):
         person = await accounts.set_suspended(user_id, data.suspended)
-    if data.plan_id is not UNSET:
-        person = await accounts.set_plan(user_id, data.plan_id if isinstance(data.plan_id, int) else None)
+    if data.plan_id is not UNSET or not isinstance(data.overrides, UnsetType):
+        plan_id = person.plan_id if data.plan_id is UNSET else data.plan_id
+        overrides = None if isinstance(data.overrides, UnsetType) else data.overrides.given()
+        person = await accounts.set_plan(user_id, plan_id if isinstance(plan_id, int) else None, overrides)
     if not isinstance(data.password, UnsetType):
         person = await accounts.set_password(user_id, data.password)
     return view(person)

@@ -14,9 +14,9 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from web.errors import AppError, InvalidRequest, NotFound
+from web.errors import AppError, InvalidRequest, NameTaken, NotFound
 from web.models import Invite, Plan, User, utcnow
-from web.people.accounts import ROLES, Accounts, Person, hashed, normal_username
+from web.people.accounts import ROLES, Accounts, Person, hashed, normal_username, usage_row
 
 INVITE_DAYS = 7
 MAX_IMPORT_ROWS = 1000
@@ -64,7 +64,7 @@ class Enrolment:
                     )
                 )
         except IntegrityError:
-            raise InvalidRequest(f"no plan with id {plan_id}", param="plan_id") from None
+            raise NotFound(f"no plan with id {plan_id}", param="plan_id") from None
         return token
 
     async def invite_is_open(self, token: str) -> bool:
@@ -94,6 +94,7 @@ class Enrolment:
                 )
                 session.add(user)
                 await session.flush()
+                session.add(usage_row(user.id, now))
                 spent = await session.execute(
                     update(Invite)
                     .where(Invite.token_hash == invite.token_hash, Invite.used_by.is_(None))
@@ -102,7 +103,7 @@ class Enrolment:
                 if not spent.rowcount:  # type: ignore[attr-defined]
                     raise NotFound("this invite link is unknown, used or expired", param="token")
         except IntegrityError:
-            raise InvalidRequest(f"the user name {name!r} is taken", param="username") from None
+            raise NameTaken(f"the user name {name!r} is taken", param="username") from None
         return Person.of(user)
 
     async def sign_up(self, username: str, password: str) -> Person:
@@ -115,13 +116,22 @@ class Enrolment:
         """Rows of username,password[,role[,plan name]] under that header; each row stands alone (a bad one is
         reported and skipped). Hashing costs ~0.3 s a person, two at a time."""
         report = ImportReport()
-        reader = csv.DictReader(io.StringIO(text))
-        header = [name.strip().lower() for name in reader.fieldnames or []]
+        reader = csv.reader(io.StringIO(text))
+        try:
+            lines = list(reader)
+        except csv.Error as exc:  # a NUL byte, an unclosed quote: nothing is made from a file that does not parse
+            report.errors.append(f"line {reader.line_num}: the CSV does not parse: {exc}")
+            return report
+        header = [name.strip().lower() for name in lines[0]] if lines else []
         if "username" not in header or "password" not in header or not set(header) <= set(CSV_COLUMNS):
-            raise InvalidRequest(f"the CSV needs a header line of {', '.join(CSV_COLUMNS)} (role and plan optional)")
-        reader.fieldnames = header
+            columns = ", ".join(CSV_COLUMNS)
+            report.errors.append(f"line 1: the CSV needs a header line of {columns} (role and plan optional)")
+            return report
         plans = await self._plan_ids()
-        for line, row in enumerate(reader, start=2):
+        for line, values in enumerate(lines[1:], start=2):
+            if not any(value.strip() for value in values):
+                continue  # a blank line
+            row = dict(zip(header, values, strict=False))
             if line - 1 > MAX_IMPORT_ROWS:
                 report.errors.append(f"line {line}: stopped, at most {MAX_IMPORT_ROWS} people in one import")
                 break
@@ -136,7 +146,7 @@ class Enrolment:
                     (row.get("role") or "user").strip().lower(),
                     plans.get(plan_name),
                 )
-            except InvalidRequest as exc:
+            except AppError as exc:  # a bad or taken name, a short password, an unknown role
                 report.errors.append(f"line {line}: {exc.message}")
                 continue
             report.created.append(person.username)

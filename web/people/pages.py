@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get, post
 from litestar.enums import RequestEncodingType
+from litestar.exceptions import HTTPException
 from litestar.params import Body, FromPath
 from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Redirect, Template
@@ -16,8 +17,9 @@ from litestar.types import Guard
 from msgspec import Struct
 
 from web import deps
-from web.console.render import PAGE_HEADERS, PRIVATE_HEADERS
+from web.console.render import PAGE_HEADERS, PRIVATE_HEADERS, error_page
 from web.errors import AppError, RateLimited, SignInFailed
+from web.people.account import account_page, create_own_key, revoke_own_key
 from web.people.accounts import Person
 from web.people.guard import EXCEPTION_HANDLERS, SESSION_COOKIE, cookie, session_cookie, signed_in
 from web.people.sessions import SessionStore, tokens_match
@@ -202,9 +204,9 @@ def people_pages(session_guard: Guard) -> list[Router]:
     )
     private = Router(
         path="/",
-        route_handlers=[logout, logout_everywhere],
+        route_handlers=[logout, logout_everywhere, account_page, create_own_key, revoke_own_key],
         guards=[session_guard],
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers={**EXCEPTION_HANDLERS, AppError: error_page, HTTPException: error_page},
         **common,
     )
     return [public, private]
