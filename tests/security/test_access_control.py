@@ -50,11 +50,14 @@ API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM, PERSON = (
     "anyone with the login form's token",
     "a person's session",
 )
+KEY_OR_SESSION = "user key, or a person's session with its CSRF header"  # what the chat page calls
 PERSON_PATHS = ("/logout", "/logout-everywhere", "/account", "/account/keys", "/account/keys/{key_id:int}/revoke")
 
 
 def policy(path: str) -> str:
     """Who may call a route, by where it lives. A route in no known place fails the matrix: decide, then add it."""
+    if path in ("/v1/chat/completions", "/v1/models"):
+        return KEY_OR_SESSION
     if path.startswith("/v1/"):
         return API_KEY
     if path.startswith("/admin/api/"):
@@ -175,15 +178,15 @@ CREDENTIALS = [
     Credential("malformed: unknown scheme", lambda a, s: {"Authorization": "Token abc"}),
     Credential("unknown key", lambda a, s: _bearer("sk-" + secrets.token_urlsafe(32))),
     Credential("revoked key", lambda a, s: _bearer(a.keys["revoked"])),
-    Credential("user key", lambda a, s: _bearer(a.keys["user"]), {API_KEY}),
+    Credential("user key", lambda a, s: _bearer(a.keys["user"]), {API_KEY, KEY_OR_SESSION}),
     Credential("metrics token", lambda a, s: _bearer(METRICS_TOKEN), {METRICS}),
     Credential("admin Basic", lambda a, s: dict(ADMIN), {ADMIN_ONLY, METRICS}),
     Credential(
         "admin session",
         lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf},
-        {CONSOLE, PERSON},
+        {CONSOLE, PERSON, KEY_OR_SESSION},
     ),
-    Credential("person session", lambda a, s: _person_session(a), {PERSON}),
+    Credential("person session", lambda a, s: _person_session(a), {PERSON, KEY_OR_SESSION}),
 ]
 
 

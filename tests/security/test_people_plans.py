@@ -153,3 +153,23 @@ def test_a_person_sees_and_revokes_only_their_own_keys(appliance: Appliance) -> 
     assert revoked.status_code == 303
     assert _chat(appliance, key).status_code == 401
     assert service_key_id not in mine
+
+
+def test_a_crash_leaves_no_reservation_on_the_person(appliance: Appliance) -> None:
+    """Recovery settles a request left running on the quota it reserved: its person's, not its key's."""
+    person = appliance.new_person("crashed", plan_id=_plan(appliance, "crash-plan", quota_tokens=1000))
+    key = _own_key(appliance, appliance.person_signs_in("crashed"))
+    assert _chat(appliance, key).status_code == 200
+    before = _usage(appliance, "user_usage", "user_id", person)
+    with sqlite3.connect(appliance.db_path) as db:
+        db.execute(
+            "UPDATE requests SET status = 'running', reserved_tokens = 50, completion_tokens = 3, gateway = NULL "
+            "WHERE user_id = ?",
+            (person,),
+        )
+        db.execute("UPDATE user_usage SET reserved_tokens = reserved_tokens + 50 WHERE user_id = ?", (person,))
+    assert appliance.http.blocking_portal.call(appliance.gateway.ledger.recover) == 1
+    used, reserved = _usage(appliance, "user_usage", "user_id", person)
+    assert reserved == before[1] == 0 and used > before[0]  # released, and what reached the client charged
+    with sqlite3.connect(appliance.db_path) as db:
+        assert db.execute("SELECT status FROM requests WHERE user_id = ?", (person,)).fetchone()[0] == "interrupted"

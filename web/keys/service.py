@@ -80,9 +80,10 @@ def next_period_start(period: str, start: datetime) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
-    """What a request needs to know about its key; a plain snapshot, detached from any session."""
+    """What a request needs to know about its key; a plain snapshot, detached from any session. A person signed
+    in on the chat page comes with no key (id None) and their user_id."""
 
-    id: int
+    id: int | None
     name: str
     prefix: str
     max_tokens_per_request: int | None
@@ -126,7 +127,19 @@ class KeyInfo:
     @property
     def holder(self) -> int | str:
         """Whose concurrency slots and quota a request takes: the owner's, or the key's own."""
-        return self.id if self.user_id is None else person_holder(self.user_id)
+        return self.stored_id if self.user_id is None else person_holder(self.user_id)
+
+    @property
+    def stored_id(self) -> int:
+        """The id of a key that exists: every KeyInfo but a signed-in person's (who comes with no key)."""
+        assert self.id is not None, "a request without a key is a signed-in person's"
+        return self.id
+
+    @classmethod
+    def signed_in(cls, user_id: int, username: str, created_at: datetime) -> KeyInfo:
+        """A person on the chat page, who comes by their session and with no key: their plan's limits are set
+        on it as on their personal keys (web/people/plans.py)."""
+        return cls(None, username, "", None, None, "none", None, created_at, None, 1.0, "interactive", user_id)
 
     @property
     def period_anchor(self) -> datetime:
