@@ -154,6 +154,18 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/admin/keys/{key_id:int}/revoke"): Call(303),
     ("GET", "/admin/models"): Call(200),
     ("POST", "/admin/models/serve"): Call(409, form={"model": "no-such-model"}),  # refused, nothing switched
+    ("GET", "/admin/people"): Call(200),
+    ("POST", "/admin/people"): Call(422, form={"username": "matrix"}),  # no password: refused past the guard
+    ("POST", "/admin/people/import"): Call(201, form={"csv": "username,password\n"}),
+    ("POST", "/admin/people/invite"): Call(201, form={"role": "user"}),
+    ("POST", "/admin/people/{user_id:int}/role"): Call(303, form={"role": "user"}),
+    ("POST", "/admin/people/{user_id:int}/suspend"): Call(303, form={"suspended": "0"}),
+    ("POST", "/admin/people/{user_id:int}/plan"): Call(303, form={"plan_id": ""}),
+    ("POST", "/admin/people/{user_id:int}/password"): Call(303, form={"password": "a long new password"}),
+    ("POST", "/admin/people/{user_id:int}/sign-out"): Call(303),
+    ("GET", "/admin/plans"): Call(200),
+    ("POST", "/admin/plans"): Call(422, form={"name": ""}),  # no name: refused past the guard
+    ("POST", "/admin/plans/{plan_id:int}"): Call(404, form={"name": "x"}),  # no such plan
     **{("GET", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
     **{("HEAD", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
 }

@@ -16,6 +16,8 @@ from litestar.template import TemplateConfig
 
 from web.chat.routes import chat_router
 from web.console import dashboard, history, keys, models
+from web.console import people as people_page
+from web.console import plans as plans_page
 from web.console.auth import LOGIN_PATH, ConsoleState, login, login_page, logout
 from web.console.render import PAGE_HEADERS, error_page, template_config
 from web.errors import AppError
@@ -72,6 +74,18 @@ def pages(web_sessions: SessionStore) -> Pages:
             keys.revoke_key,
             models.models_page,
             models.serve_model,
+            people_page.people_page,
+            people_page.create_person,
+            people_page.import_people,
+            people_page.invite_person,
+            people_page.set_role,
+            people_page.set_suspended,
+            people_page.set_plan,
+            people_page.reset_password,
+            people_page.sign_out_person,
+            plans_page.plans_page,
+            plans_page.create_plan,
+            plans_page.update_plan,
         ],
         guards=[session_guard(web_sessions, LOGIN_PATH, admin_only=True)],
         exception_handlers={
