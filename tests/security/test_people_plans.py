@@ -173,3 +173,18 @@ def test_a_crash_leaves_no_reservation_on_the_person(appliance: Appliance) -> No
     assert reserved == before[1] == 0 and used > before[0]  # released, and what reached the client charged
     with sqlite3.connect(appliance.db_path) as db:
         assert db.execute("SELECT status FROM requests WHERE user_id = ?", (person,)).fetchone()[0] == "interrupted"
+
+
+def test_the_dashboards_fair_share_panel_names_a_person_not_a_key(appliance: Appliance) -> None:
+    from engine import TenantStats
+
+    person = appliance.new_person("panel-person")
+    appliance.fake.tenant_stats = [
+        TenantStats(f"user:{person}", 2.0, "interactive", running=3, waiting=1, tokens_per_s=50.0, service=1.0)
+    ]
+    try:
+        admin = appliance.sign_in()
+        panel = appliance.page(admin, "/admin", **{"HX-Request": "true", "HX-Target": "key-shares"})
+    finally:
+        appliance.fake.tenant_stats = []
+    assert panel.status_code == 200 and "panel-person" in panel.text and f"user:{person}" not in panel.text

@@ -19,7 +19,7 @@ from litestar.types import Guard
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from web.errors import AdminAuthRequired, InvalidRequest, RateLimited, SignInFailed
+from web.errors import AdminAuthRequired, InvalidRequest, NameTaken, RateLimited, SignInFailed
 from web.models import User
 from web.people.accounts import Accounts, Person, hashed
 from web.people.passwords import hash_password as hash_password
@@ -49,7 +49,7 @@ class AdminAuth:
             return False
         try:
             await self.accounts.insert(ADMIN_USER, await self._hashed(password), "admin", None)
-        except InvalidRequest:  # uq_users_username: another gateway seeded it meanwhile
+        except NameTaken:  # uq_users_username: another gateway seeded it meanwhile
             return False
         return True
 
