@@ -41,7 +41,7 @@ def test_sign_in_rejects_wrong_passwords_and_limits_repeated_failures(browser: B
     assert info.value.status == 429
     assert info.value.headers["retry-after"].isdigit()
     expect(page.locator(".error")).to_contain_text("Too many failed sign-ins")
-    assert page.context.cookies() == [] or all(c["name"] != "appliance_admin" for c in page.context.cookies())
+    assert page.context.cookies() == [] or all(c["name"] != "appliance_session" for c in page.context.cookies())
     attacker.close()
 
 
