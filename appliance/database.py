@@ -64,7 +64,7 @@ def database_place(settings: Settings) -> str:
 
 def set_admin_password(settings: Settings, password: str) -> None:
     """Raises web.errors.InvalidRequest for a password that is too short."""
-    with_database(settings, lambda db: AdminAuth(db.sessions, None).set_password(password))
+    with_database(settings, lambda db: AdminAuth.over(db.sessions).set_password(password))
 
 
 @dataclass(frozen=True, slots=True)

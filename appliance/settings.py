@@ -128,6 +128,9 @@ class Settings:
     admin_password: str | None = setting(
         None, "Admin password; used only at first start to seed the stored (hashed) credential.", secret=True
     )
+    self_signup: bool = setting(
+        False, "People may sign up at /signup; their accounts wait, pending, until the admin approves them."
+    )
     metrics_token: str | None = setting(None, "Bearer token that may read /metrics (besides the admin).", secret=True)
     max_body_bytes: int = setting(4 << 20, "Largest accepted request body in bytes (413 beyond).")
     default_max_tokens: int = setting(

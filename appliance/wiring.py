@@ -92,6 +92,7 @@ def web_config(settings: Settings) -> WebConfig:
         history_retention_days=settings.history_retention_days,
         drain_timeout=settings.drain_timeout,
         admin_password=settings.admin_password,
+        self_signup=settings.self_signup,
         metrics_token=settings.metrics_token,
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,

@@ -49,6 +49,14 @@ from web.ledger import Ledger
 from web.ollama.errors import on_ollama_paths
 from web.ollama.routes import ollama_router
 from web.openai.routes import openai_router
+from web.people.accounts import Accounts
+from web.people.admin_api import people_api
+from web.people.enrol import Enrolment
+from web.people.personal_keys import PersonalKeys
+from web.people.plans import Plans
+from web.people.plans_api import plans_api
+from web.people.sessions import SessionStore
+from web.people.signin import SignIn
 from web.responses.routes import responses_router
 from web.system.access import AccessLog
 from web.system.admin_auth import AdminAuth, admin_guard, metrics_guard
@@ -86,6 +94,11 @@ class Gateway:
     models: ModelSwitch
     responses: ResponseStore
     embedder: Embedder  # the embedding model (none where the operator configured none)
+    accounts: Accounts
+    plans: Plans
+    personal_keys: PersonalKeys
+    enrolment: Enrolment
+    web_sessions: SessionStore
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -137,6 +150,7 @@ def build_gateway(
     limiter = ConcurrencyLimiter()
     ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text, config.gateway_id)
     inflight = InFlight(gate, ledger)
+    accounts = Accounts(sessions)
     return Gateway(
         config=config,
         client=client,
@@ -149,7 +163,7 @@ def build_gateway(
         history=history,
         limiter=limiter,
         metrics=metrics,
-        admin=AdminAuth(sessions, config.metrics_token),
+        admin=AdminAuth(accounts, SignIn(sessions), config.metrics_token),
         gate=gate,
         ledger=ledger,
         inflight=inflight,
@@ -159,6 +173,11 @@ def build_gateway(
         models=ModelSwitch(gate, inflight, catalog, config.drain_timeout),
         responses=ResponseStore(sessions, config.store_text),
         embedder=Embedder(embeddings, ledger),
+        accounts=accounts,
+        plans=Plans(sessions),
+        personal_keys=PersonalKeys(keys),
+        enrolment=Enrolment(accounts, sessions, config.self_signup),
+        web_sessions=SessionStore(sessions),
     )
 
 
@@ -200,7 +219,7 @@ def app_of(gateway: Gateway) -> Litestar:
             await gateway.stop(engine_task)
 
     admin = admin_guard(gateway.admin)
-    api_key = api_key_guard(gateway.keys)
+    api_key = api_key_guard(gateway.keys, gateway.plans, gateway.web_sessions)
     api = [
         openai_router(api_key),
         anthropic_router(api_key),
@@ -210,10 +229,12 @@ def app_of(gateway: Gateway) -> Litestar:
         system_router(metrics_guard(gateway.admin)),
         admin_system_router(admin),
         keys_router(admin),
+        people_api(admin),
+        plans_api(admin),
         history_router(admin),
         backends_api(admin),
     ]
-    browser = pages()  # the chat page, the admin console, their templates and static files
+    browser = pages(gateway.web_sessions)  # the chat page, the admin console, their templates and static files
     dependencies = gateway.dependencies()
     app = Litestar(
         route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],

@@ -15,6 +15,7 @@ class WebConfig:
     history_retention_days: int = 30
     drain_timeout: float = 30.0
     admin_password: str | None = field(default=None, repr=False)
+    self_signup: bool = False  # /signup makes pending accounts the admin approves
     metrics_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 1024

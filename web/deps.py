@@ -19,11 +19,18 @@ from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger as _Ledger
+from web.people.accounts import Accounts as _Accounts
+from web.people.enrol import Enrolment as _Enrolment
+from web.people.personal_keys import PersonalKeys as _PersonalKeys
+from web.people.plans import Plans as _Plans
+from web.people.sessions import SessionStore
 from web.system.admin_auth import AdminAuth
 from web.system.metrics import Metrics as _Metrics
 from web.system.models import ModelSwitch
 
+Accounts = NamedDependency[_Accounts]
 Admin = NamedDependency[AdminAuth]
+Enrolment = NamedDependency[_Enrolment]
 Config = NamedDependency[WebConfig]
 Embedder = NamedDependency[_Embedder]
 Gate = NamedDependency[EngineGate]
@@ -35,8 +42,11 @@ Ledger = NamedDependency[_Ledger]
 Limiter = NamedDependency[ConcurrencyLimiter]
 Metrics = NamedDependency[_Metrics]
 Models = NamedDependency[ModelSwitch]
+PersonalKeys = NamedDependency[_PersonalKeys]
+Plans = NamedDependency[_Plans]
 Prompts = NamedDependency[_Prompts]
 Responses = NamedDependency[ResponseStore]
 Router = NamedDependency[_Router]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
 Views = NamedDependency[KeyViews]
+WebSessions = NamedDependency[SessionStore]

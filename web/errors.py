@@ -76,6 +76,25 @@ class AdminAuthRequired(AppError):
         super().__init__(message, headers={"WWW-Authenticate": 'Basic realm="appliance admin"'})
 
 
+class SignInFailed(AppError):
+    """A person's sign-in refused: one message for an unknown name and a wrong password."""
+
+    status_code = 401
+    type = "invalid_request_error"
+    code = "sign_in_failed"
+
+
+class NameTaken(AppError):
+    """A user or plan name already in use: retrying the same request cannot help."""
+
+    status_code = 409
+    type = "invalid_request_error"
+    code = "name_taken"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, headers={"x-should-retry": "false"})
+
+
 class NotFound(AppError):
     status_code = 404
     type = "invalid_request_error"

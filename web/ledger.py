@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
 from math import ceil
-from typing import Any, cast
+from typing import Any
 
 import msgspec
-from sqlalchemy import Integer, Table, bindparam, case, or_, select, update
+from sqlalchemy import Update, bindparam, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -28,51 +28,16 @@ from web.generation.policy import Prepared
 from web.history.record import CHECKPOINT, FINALIZE_REQUEST, IN_FLIGHT, INSERT_REQUEST, MARK_RUNNING, RequestLog, Status
 from web.history.writer import BatchWriter, Write, describe
 from web.keys.limiter import ConcurrencyLimiter
-from web.keys.service import KeyInfo, KeyService, next_period_start, period_start
-from web.models import ApiKey, BigCount, KeyUsage, RequestRecord, UTCDateTime, utcnow
+from web.keys.service import KeyInfo, KeyService, next_period_start, period_start, person_holder
+from web.models import RequestRecord, UTCDateTime, utcnow
+from web.quota import NO_QUOTA, RESERVE, RESERVE_PERSON, SETTLE, SETTLE_PERSON
 from web.system.metrics import Metrics
 
 logger = logging.getLogger("web.ledger")
-_usage = cast(Table, KeyUsage.__table__)
-_keys = cast(Table, ApiKey.__table__)
-_rolled = _usage.c.period_start < bindparam("start", type_=UTCDateTime())
-_used = case((_rolled, 0), else_=_usage.c.used_tokens)
-_quota = select(_keys.c.quota_tokens).where(_keys.c.id == _usage.c.key_id).scalar_subquery()
-
-
-def _at_least_zero(value: Any) -> Any:
-    """max(value, 0) in SQL that both dialects speak (SQLite's two-argument max is PostgreSQL's greatest)."""
-    return case((value > 0, value), else_=0)
-
-
-# Rolls the period over when it has ended, then reserves if used + reserved + n still fits the quota, all in one
-# statement: SQLite applies writes one at a time, so concurrent requests of a key can never overspend it.
-RESERVE = (
-    update(_usage)
-    .where(
-        _usage.c.key_id == bindparam("kid", type_=Integer()),
-        or_(_quota.is_(None), _used + _usage.c.reserved_tokens + bindparam("n", type_=BigCount) <= _quota),
-    )
-    .values(
-        used_tokens=_used,
-        period_start=case((_rolled, bindparam("start", type_=UTCDateTime())), else_=_usage.c.period_start),
-        reserved_tokens=_usage.c.reserved_tokens + bindparam("n", type_=BigCount),
-        last_used_at=bindparam("now", type_=UTCDateTime()),
-    )
-)
-SETTLE = (
-    update(_usage)
-    .where(_usage.c.key_id == bindparam("kid", type_=Integer()))
-    .values(
-        reserved_tokens=_at_least_zero(_usage.c.reserved_tokens - bindparam("reserved", type_=BigCount)),
-        used_tokens=_usage.c.used_tokens + bindparam("charged", type_=BigCount),
-        total_tokens=_usage.c.total_tokens + bindparam("charged", type_=BigCount),
-        total_requests=_usage.c.total_requests + 1,
-    )
-)
 LEFTOVERS = select(
     RequestRecord.id,
     RequestRecord.key_id,
+    RequestRecord.user_id,
     RequestRecord.prompt_tokens,
     RequestRecord.completion_tokens,
     RequestRecord.arrival_at,
@@ -132,8 +97,9 @@ class Ledger:
                 finished = last or row.first_token_at or row.arrival_at
                 await conn.execute(INTERRUPT, {"rid": row.id, "finished": finished})
                 charged = row.prompt_tokens + row.completion_tokens if row.completion_tokens else 0
-                if row.key_id is not None:
-                    await conn.execute(SETTLE, {"kid": row.key_id, "reserved": row.reserved_tokens, "charged": charged})
+                counted = _settlement(row.key_id, row.user_id, row.reserved_tokens, charged)
+                if counted is not None:
+                    await conn.execute(*counted)
         return len(leftovers)
 
     # -- admission --------------------------------------------------------------------------------------
@@ -178,7 +144,7 @@ class Ledger:
         log.prompt_text = prepared.prompt_text if self.store_text else None
         log.prompt_tokens = len(prepared.prompt_ids)
         log.max_tokens_requested = prepared.requested_max_tokens
-        self.limiter.acquire(key.id, key.max_concurrent)
+        self.limiter.acquire(key.holder, key.max_concurrent)
         return replace(prepared, tenant=key.tenant)
 
     async def reserve(self, log: RequestLog, key: KeyInfo, held: Prepared) -> Prepared:
@@ -187,7 +153,7 @@ class Ledger:
         try:
             granted = await self._reserve_up_to(key, log, held.params.max_tokens, held.n)
         except BaseException:
-            self.limiter.release(key.id)
+            self.limiter.release(key.holder)
             raise
         self.writer.retry_now()  # the database just took a write: what it refused before may go through now
         if granted == held.params.max_tokens:
@@ -201,12 +167,12 @@ class Ledger:
         log.prompt_text = prompt_text if self.store_text else None
         log.prompt_tokens = log.reserved_tokens = tokens
         log.max_tokens_applied = 0
-        self.limiter.acquire(key.id, key.max_concurrent)
+        self.limiter.acquire(key.holder, key.max_concurrent)
         try:
             if not await self._reserve(key, log):
                 raise await self._quota_error(key, log)
         except BaseException:
-            self.limiter.release(key.id)
+            self.limiter.release(key.holder)
             raise
         self.writer.retry_now()
 
@@ -227,11 +193,15 @@ class Ledger:
 
     async def _reserve(self, key: KeyInfo, log: RequestLog) -> bool:
         now = utcnow()
-        start = period_start(key.quota_period, now, key.created_at)
+        start = period_start(key.quota_period, now, key.period_anchor)
+        values = {"kid": key.id, "n": log.reserved_tokens, "start": start, "now": now}
+        if key.user_id is not None:
+            quota = NO_QUOTA if key.quota_tokens is None else key.quota_tokens
+            statement, values = RESERVE_PERSON, {**values, "kid": key.user_id, "quota": quota}
+        else:
+            statement = RESERVE
         async with self.db.begin() as conn:
-            reserved = await conn.execute(
-                RESERVE, {"kid": key.id, "n": log.reserved_tokens, "start": start, "now": now}
-            )
+            reserved = await conn.execute(statement, values)
             if not reserved.rowcount:
                 return False
             await conn.execute(INSERT_REQUEST, self._row(log))
@@ -244,7 +214,7 @@ class Ledger:
         remaining = await self.keys.remaining(key)
         period = key.quota_period
         now = utcnow()
-        resets = next_period_start(period, period_start(period, now, key.created_at))
+        resets = next_period_start(period, period_start(period, now, key.period_anchor))
         when = f"; it resets at {resets:%Y-%m-%d %H:%M} UTC" if resets is not None else ""
         scope = f"this {period}" if period != "none" else "in total"
         # Retry-After only where waiting helps: a quota of period "none" never resets.
@@ -304,16 +274,18 @@ class Ledger:
         """The request's end, exactly once: the terminal row and the key's reservation replaced by the tokens
         charged, in one transaction (retried until the database takes it; while it refuses writes, the caller
         is not held up), and the key's slot given back."""
-        key_id = log.key_id
-        if key_id is not None:
-            self.limiter.release(key_id)
+        if log.user_id is not None:
+            self.limiter.release(person_holder(log.user_id))
+        elif log.key_id is not None:
+            self.limiter.release(log.key_id)
         self.metrics.observe_request(log)
-        values, reserved, charged = log.final_values(), log.reserved_tokens, log.charged_tokens
+        values = log.final_values()
+        counted = _settlement(log.key_id, log.user_id, log.reserved_tokens, log.charged_tokens)
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(FINALIZE_REQUEST, values)
-            if key_id is not None:
-                await conn.execute(SETTLE, {"kid": key_id, "reserved": reserved, "charged": charged})
+            if counted is not None:
+                await conn.execute(*counted)
 
         settled = self.writer.submit(write)
         if not self.writer.refusing:  # else it is queued until the database takes it
@@ -322,6 +294,18 @@ class Ledger:
     async def flush(self, timeout: float) -> bool:
         """Wait for every write submitted so far, for up to `timeout` s; whether they all went through."""
         return await self.writer.flush(timeout=timeout)
+
+
+def _settlement(
+    key_id: int | None, user_id: int | None, reserved: int, charged: int
+) -> tuple[Update, dict[str, int]] | None:
+    """The statement that replaces a request's reservation by its charge: on its person's quota where it has one
+    (their key or session), else on its key's."""
+    if user_id is not None:
+        return SETTLE_PERSON, {"kid": user_id, "reserved": reserved, "charged": charged}
+    if key_id is not None:
+        return SETTLE, {"kid": key_id, "reserved": reserved, "charged": charged}
+    return None
 
 
 def _insert(values: dict[str, Any]) -> Write:

@@ -1,5 +1,5 @@
 """The SQLite tables: API keys and their quota state, the request history, stored Responses API answers, engine
-samples, the admin credential."""
+samples, people (users, their plans, sessions and invites)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,8 @@ class ApiKey(Base):
     # Fair share: the key's weight against other busy keys, and its class (interactive goes before batch).
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     priority: Mapped[str] = mapped_column(String(16), default="interactive", server_default="interactive")
+    # A personal key: its owner's plan sets its limits and its requests count against the owner's quota.
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
 
 
 class KeyUsage(Base):
@@ -103,10 +105,13 @@ class RequestRecord(Base):
         Index("ix_requests_key_id_arrival_at", "key_id", "arrival_at"),
         Index("ix_requests_status", "status"),
         Index("ix_requests_backend_arrival_at", "backend", "arrival_at"),
+        Index("ix_requests_user_id_arrival_at", "user_id", "arrival_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # The person it counts against (their session or personal key); their quota was reserved, not the key's.
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     model: Mapped[str] = mapped_column(String(200))
     endpoint: Mapped[str] = mapped_column(String(64))
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -159,15 +164,79 @@ class EngineSample(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # in this sample's window
 
 
-class AdminCredential(Base):
-    """The admin's scrypt password hash; seeded once from the admin_password setting."""
+class Plan(Base):
+    """A named set of limits people are given (web/people/plans.py); a user's own overrides go over it. models:
+    the JSON list of the served model names it may use; empty: every model."""
 
-    __tablename__ = "admin_credentials"
+    __tablename__ = "plans"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(BigCount, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    max_tokens_per_request: Mapped[int | None] = mapped_column(BigCount)
+    quota_tokens: Mapped[int | None] = mapped_column(BigCount)
+    quota_period: Mapped[str] = mapped_column(String(8), default="none")
+    max_concurrent: Mapped[int | None] = mapped_column(BigCount)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    priority: Mapped[str] = mapped_column(String(16), default="interactive")
+    models: Mapped[str] = mapped_column(Text, default="[]")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class User(Base):
+    """A person: a role (admin, user, pending: signed up, awaiting approval), a scrypt password hash (never the
+    password), a plan and the JSON of their own overrides of it; suspended people cannot sign in."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigCount, primary_key=True)
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(String(256))
+    role: Mapped[str] = mapped_column(String(16))
+    suspended: Mapped[bool] = mapped_column(Boolean, default=False)
+    plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id", ondelete="SET NULL"))
+    overrides: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class UserUsage(Base):
+    """Quota state of one person in their plan's current period, over their sessions and personal keys alike."""
+
+    __tablename__ = "user_usage"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    reserved_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_requests: Mapped[int] = mapped_column(BigCount, default=0)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class WebSession(Base):
+    """A signed-in browser: only the sha256 of its cookie's random id is kept (a database copy signs nobody in);
+    the CSRF token is derived from the id, so it is not stored at all."""
+
+    __tablename__ = "web_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    address: Mapped[str | None] = mapped_column(String(64))
+
+
+class Invite(Base):
+    """A one-use sign-up link the admin made: its token's sha256, the role and plan it gives, and its expiry."""
+
+    __tablename__ = "invites"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
 
 
 class StoredResponse(Base):

@@ -155,14 +155,14 @@ async def _find(service: KeyService, ref: str) -> KeyInfo:
 
 async def _revoke(db: Database, ref: str) -> KeyInfo:
     service = _service(db)
-    return await service.revoke((await _find(service, ref)).id)
+    return await service.revoke((await _find(service, ref)).stored_id)
 
 
 async def _update(db: Database, args: argparse.Namespace) -> KeyInfo:
     service = _service(db)
     current = await _find(service, args.key)
     limits = KeyLimits(**{f.name: getattr(args, f.name, getattr(current, f.name)) for f in fields(KeyLimits)})
-    return await service.update(current.id, args.name, limits)
+    return await service.update(current.stored_id, args.name, limits)
 
 
 def describe_limits(info: KeyInfo) -> str:

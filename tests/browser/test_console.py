@@ -41,13 +41,14 @@ def test_sign_in_rejects_wrong_passwords_and_limits_repeated_failures(browser: B
     assert info.value.status == 429
     assert info.value.headers["retry-after"].isdigit()
     expect(page.locator(".error")).to_contain_text("Too many failed sign-ins")
-    assert page.context.cookies() == [] or all(c["name"] != "appliance_admin" for c in page.context.cookies())
+    assert page.context.cookies() == [] or all(c["name"] != "appliance_session" for c in page.context.cookies())
     attacker.close()
 
 
 def test_session_cookie_csrf_and_logout(console: Page, server: Server) -> None:
-    cookie = next(c for c in console.context.cookies() if c["name"] == "appliance_admin")
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/admin"
+    cookie = next(c for c in console.context.cookies() if c["name"] == "appliance_session")
+    # One session for the console and the chat page (web/people): the cookie is the whole site's.
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
     api = console.context.request
     assert api.post("/admin/keys", form={"name": "no token"}).status == 403
     assert api.post("/admin/keys", form={"name": "bad token", "csrf_token": "forged"}).status == 403
@@ -122,12 +123,14 @@ def test_key_from_the_console_is_used_in_the_chat_and_shows_in_the_history(conso
     console.click(".key-card.editing button[type=submit]")
     expect(card.locator(".limits")).to_contain_text("64")
 
-    chat = console.context.new_page()
+    # Another browser: in the admin's own, the chat page speaks with the admin's session, not a key.
+    chat_context = new_context(console.context.browser, server)  # type: ignore[arg-type]
+    chat = chat_context.new_page()
     open_chat(chat, key, max_tokens=8)
     prompt = f"history check {XSS_SCRIPT} {XSS_IMG}"
     send(chat, prompt)
     expect(chat.locator(".message.assistant .stats")).to_contain_text("TTFT", timeout=30_000)
-    chat.close()
+    chat_context.close()
 
     console.goto("/admin/history")
     row = console.locator("#history-table tbody tr", has_text=name).first
@@ -165,7 +168,9 @@ def test_key_from_the_console_is_used_in_the_chat_and_shows_in_the_history(conso
     console.locator(".key-card", has_text=name).get_by_role("button", name="Revoke").click()
     expect(console.locator(".key-card", has_text=name).locator(".badge")).to_contain_text("revoked")
     time.sleep(0.1)
-    chat = console.context.new_page()
+    chat_context = new_context(console.context.browser, server)  # type: ignore[arg-type]
+    chat = chat_context.new_page()
     open_chat(chat, key)
     send(chat, "still there?")
     expect(chat.locator(".message.assistant .error").last).to_contain_text("revoked")
+    chat_context.close()

@@ -1,4 +1,4 @@
-"""The console's pure parts without a browser: sessions and the login limit, throughput, the memory split, the
+"""The console's pure parts without a browser: the login limit, throughput, the memory split, the
 diagnosis, the chart scale, CSV cells, and the asset fetcher refusing a file whose hash is not the pinned one."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from web.console.diagnosis import diagnose
 from web.console.history import csv_cell
 from web.console.live import ThroughputMeter, live_view, memory_segments
 from web.console.samples import Bucket
-from web.console.sessions import IDLE_TIMEOUT_S, MAX_AGE_S, LoginLimiter, SessionStore, tokens_match
 from web.static import assets
+from web.system.login_limiter import LoginLimiter
 
 
 class Clock:
@@ -26,22 +26,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def test_sessions_expire_when_idle_and_at_their_maximum_age() -> None:
-    clock = Clock()
-    store = SessionStore(clock=clock)
-    session = store.create()
-    assert store.get(session.token) is session
-    clock.now += IDLE_TIMEOUT_S + 1
-    assert store.get(session.token) is None
-    busy = store.create()
-    for _ in range(MAX_AGE_S // (IDLE_TIMEOUT_S // 2) + 1):  # kept busy, it still ends at the maximum age
-        clock.now += IDLE_TIMEOUT_S // 2
-        alive = store.get(busy.token)
-    assert alive is None
-    assert store.get("unknown") is None and store.get(None) is None
-    assert tokens_match("abc", "abc") and not tokens_match("abc", "abd") and not tokens_match("abc", None)
 
 
 def test_failed_logins_are_limited_per_address_in_a_sliding_window() -> None:

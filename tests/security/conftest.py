@@ -22,6 +22,9 @@ from tests.web.conftest import ADMIN, ADMIN_PASSWORD, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway, create_app
 from web.console.auth import LOGIN_COOKIE, SESSION_COOKIE
+from web.people.sessions import csrf_of
+
+PERSON_PASSWORD = "a person's long password"
 
 SUITE = "security"
 TRIED = "bad inputs tried"
@@ -92,6 +95,30 @@ class Appliance:
         csrf = _CSRF_META.search(dashboard.text)
         assert csrf, dashboard.text
         return Session(cookie, csrf.group(1))
+
+    def new_person(self, username: str, password: str = PERSON_PASSWORD, **fields: Any) -> int:
+        """A person made by the admin (JSON API); returns their id."""
+        body = {"username": username, "password": password, **fields}
+        response = self.http.post("/admin/api/users", json=body, headers=ADMIN)
+        assert response.status_code == 201, response.text
+        return int(response.json()["id"])
+
+    def person_signs_in(self, username: str, password: str = PERSON_PASSWORD) -> Session:
+        """Sign in at /login as a browser does; the session's CSRF token comes from the session store (the chat
+        page carries it)."""
+        self.http.cookies.clear()
+        page = self.http.get("/login")
+        token = _LOGIN_TOKEN.search(page.text)
+        assert token, page.text
+        response = self.http.post(
+            "/login",
+            data={"username": username, "password": password, "csrf_token": token.group(1)},
+            follow_redirects=False,
+        )
+        assert response.status_code == 303, response.text
+        cookie = response.cookies[SESSION_COOKIE]
+        self.http.cookies.clear()
+        return Session(cookie, csrf_of(cookie))
 
     def page(self, session: Session | None, path: str, **headers: str) -> Any:
         """GET a console page as that session (or none), following nothing."""

@@ -22,10 +22,12 @@ from appliance.settings import Settings, load_settings
 from tests.security.conftest import AUTH_CASES, Appliance, Session, figures, route_table, serve
 from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN, MODEL, assert_openai_error, web_config
 from web.console.auth import CSRF_HEADER, SESSION_COOKIE
-from web.console.sessions import LoginLimiter, tokens_match
 from web.keys.service import KeyService, hash_key
+from web.people.sessions import SessionStore, tokens_match
+from web.people.signin import SignIn
 from web.static import STATIC_DIR
 from web.system.admin_auth import AdminAuth, verify_password
+from web.system.login_limiter import LoginLimiter
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -39,20 +41,25 @@ def _static_file(folder: str) -> str:
 
 # -- who may call what -------------------------------------------------------------------------------------------
 
-API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM = (
+API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM, PERSON = (
     "user key",
     "admin credential",
     "admin credential or metrics token",
     "anyone",
     "console session",
     "anyone with the login form's token",
+    "a person's session",
 )
+KEY_OR_SESSION = "user key, or a person's session with its CSRF header"  # what the chat page calls
+PERSON_PATHS = ("/logout", "/logout-everywhere", "/account", "/account/keys", "/account/keys/{key_id:int}/revoke")
 
 
 def policy(path: str) -> str:
     """Who may call a route, by where it lives. A route in no known place fails the matrix: decide, then add it."""
     if path == "/api/version":  # open, as Ollama's (clients probe it first); it says nothing of the models
         return PUBLIC
+    if path in ("/v1/chat/completions", "/v1/models"):
+        return KEY_OR_SESSION
     if path.startswith(("/v1/", "/api/")):
         return API_KEY
     if path.startswith("/admin/api/"):
@@ -61,8 +68,10 @@ def policy(path: str) -> str:
         return METRICS
     if path in ("/", "/health", "/ready") or path.startswith("/static/"):
         return PUBLIC
-    if path == "/admin/login":
+    if path in ("/admin/login", "/login", "/signup", "/invite/{token:str}"):
         return LOGIN_FORM
+    if path in PERSON_PATHS:
+        return PERSON
     if path == "/admin" or path.startswith("/admin/"):
         return CONSOLE
     raise AssertionError(f"{path} has no access policy in the matrix")
@@ -120,6 +129,29 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("GET", "/admin/api/backends"): Call(200),
     ("GET", "/admin/api/requests/{request_id:str}"): Call(200),
     ("GET", "/admin/api/openapi.json"): Call(200),  # admin-only: it lists the admin API
+    ("GET", "/admin/api/users"): Call(200),
+    ("POST", "/admin/api/users"): Call(400, json={"username": "matrix", "password": "short"}),  # past the guard
+    ("POST", "/admin/api/users/import"): Call(200, json={"csv": "username,password\n"}),
+    ("GET", "/admin/api/users/{user_id:int}"): Call(200),
+    ("PATCH", "/admin/api/users/{user_id:int}"): Call(200, json={}),
+    ("POST", "/admin/api/users/{user_id:int}/sign-out"): Call(200),
+    ("POST", "/admin/api/invites"): Call(201, json={}),
+    ("GET", "/login"): Call(200),
+    ("POST", "/login"): Call(403, form={"username": "admin", "password": ADMIN_PASSWORD}),  # no form token
+    ("GET", "/signup"): Call(403),  # closed unless the operator opens it
+    ("POST", "/signup"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
+    ("GET", "/invite/{token:str}"): Call(404),  # no such invite
+    ("POST", "/invite/{token:str}"): Call(403, form={"username": "x", "password": ADMIN_PASSWORD}),
+    ("GET", "/admin/api/plans"): Call(200),
+    ("POST", "/admin/api/plans"): Call(400, json={"name": "matrix", "weight": -1}),  # past the guard: refused
+    ("GET", "/admin/api/plans/{plan_id:int}"): Call(404),  # no such plan
+    ("PATCH", "/admin/api/plans/{plan_id:int}"): Call(404, json={}),
+    ("GET", "/account"): Call(200),
+    ("POST", "/account/keys"): Call(201, form={"name": "matrix"}),
+    # The target key is the admin's, not the session's person's: past the guard, the same 404 as no key at all.
+    ("POST", "/account/keys/{key_id:int}/revoke"): Call(404),
+    ("POST", "/logout"): Call(303),
+    ("POST", "/logout-everywhere"): Call(303),
     ("GET", "/"): Call(200),
     ("GET", "/admin/login"): Call(200, signed_in=303),  # a signed-in admin is sent on to the console
     ("POST", "/admin/login"): Call(403, form={"password": ADMIN_PASSWORD}),  # without the form's token: refused
@@ -136,6 +168,18 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/admin/keys/{key_id:int}/revoke"): Call(303),
     ("GET", "/admin/models"): Call(200),
     ("POST", "/admin/models/serve"): Call(409, form={"model": "no-such-model"}),  # refused, nothing switched
+    ("GET", "/admin/people"): Call(200),
+    ("POST", "/admin/people"): Call(422, form={"username": "matrix"}),  # no password: refused past the guard
+    ("POST", "/admin/people/import"): Call(201, form={"csv": "username,password\n"}),
+    ("POST", "/admin/people/invite"): Call(201, form={"role": "user"}),
+    ("POST", "/admin/people/{user_id:int}/role"): Call(303, form={"role": "user"}),
+    ("POST", "/admin/people/{user_id:int}/suspend"): Call(303, form={"suspended": "0"}),
+    ("POST", "/admin/people/{user_id:int}/plan"): Call(303, form={"plan_id": ""}),
+    ("POST", "/admin/people/{user_id:int}/password"): Call(303, form={"password": "a long new password"}),
+    ("POST", "/admin/people/{user_id:int}/sign-out"): Call(303),
+    ("GET", "/admin/plans"): Call(200),
+    ("POST", "/admin/plans"): Call(422, form={"name": ""}),  # no name: refused past the guard
+    ("POST", "/admin/plans/{plan_id:int}"): Call(404, form={"name": "x"}),  # no such plan
     **{("GET", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
     **{("HEAD", f"/static/{d}/{{file_path:path}}"): Call(200) for d in ("css", "js", "vendor")},
 }
@@ -160,13 +204,25 @@ CREDENTIALS = [
     Credential("malformed: unknown scheme", lambda a, s: {"Authorization": "Token abc"}),
     Credential("unknown key", lambda a, s: _bearer("sk-" + secrets.token_urlsafe(32))),
     Credential("revoked key", lambda a, s: _bearer(a.keys["revoked"])),
-    Credential("user key", lambda a, s: _bearer(a.keys["user"]), {API_KEY}),
+    Credential("user key", lambda a, s: _bearer(a.keys["user"]), {API_KEY, KEY_OR_SESSION}),
     Credential("metrics token", lambda a, s: _bearer(METRICS_TOKEN), {METRICS}),
     Credential("admin Basic", lambda a, s: dict(ADMIN), {ADMIN_ONLY, METRICS}),
     Credential(
-        "admin session", lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf}, {CONSOLE}
+        "admin session",
+        lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf},
+        {CONSOLE, PERSON, KEY_OR_SESSION},
     ),
+    Credential("person session", lambda a, s: _person_session(a), {PERSON, KEY_OR_SESSION}),
 ]
+
+
+def _person_session(appliance: Appliance) -> dict[str, str]:
+    """A fresh session of a plain person (the allowed call may end it): no admin."""
+    if "matrix-person" not in appliance.keys:
+        appliance.new_person("matrix-person")
+        appliance.keys["matrix-person"] = "made"
+    signed = appliance.person_signs_in("matrix-person")
+    return {"Cookie": f"{SESSION_COOKIE}={signed.cookie}", CSRF_HEADER: signed.csrf}
 
 
 def test_the_matrix_covers_every_route() -> None:
@@ -182,6 +238,7 @@ class Fixtures:
 
     request_id: str
     key_id: int
+    user_id: int
 
 
 def _path(template: str, fixtures: Fixtures) -> str:
@@ -190,6 +247,9 @@ def _path(template: str, fixtures: Fixtures) -> str:
         template.replace("{model_id:path}", MODEL)
         .replace("{key_id:int}", str(fixtures.key_id))
         .replace("{request_id:str}", fixtures.request_id)
+        .replace("{user_id:int}", str(fixtures.user_id))
+        .replace("{plan_id:int}", "999999")
+        .replace("{token:str}", "no-such-invite")
         .replace("{file_path:path}", _static_file(folder) if folder else "")
     )
 
@@ -211,6 +271,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
     if rule == CONSOLE:
         assert response.status_code == 303, where
         assert response.headers["location"].startswith("/admin/login?next="), where
+    elif rule == PERSON:
+        assert response.status_code == 303, where
+        assert response.headers["location"].startswith("/login?next="), where
     elif path.startswith("/v1/messages"):  # the Anthropic API's own error shape
         assert response.status_code == 401, where
         assert response.json()["error"]["type"] == "authentication_error", where
@@ -223,8 +286,9 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
             assert response.headers["www-authenticate"].startswith("Basic"), where
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def session(appliance: Appliance) -> Session:
+    """Per test: /logout-everywhere ends every session of the admin."""
     return appliance.sign_in()
 
 
@@ -235,10 +299,9 @@ def test_route_answers_each_credential_as_its_policy_says(
     rule, call = policy(path), ALLOWED[(method, path)]
     chat = appliance.http.post("/v1/chat/completions", json=CHAT, headers=_bearer(appliance.keys["user"]))
     key_id, _ = appliance.new_key("matrix target")
-    fixtures = Fixtures(chat.json()["id"], key_id)
+    user_id = appliance.new_person(f"target-{secrets.token_hex(4)}")
+    fixtures = Fixtures(chat.json()["id"], key_id, user_id)
     url = _path(path, fixtures)
-    if path == "/admin/logout":
-        session = appliance.sign_in()  # its own session: the allowed call ends it
     allowed = [c for c in CREDENTIALS if rule in (PUBLIC, LOGIN_FORM) or rule in c.opens]
     for credential in (c for c in CREDENTIALS if c not in allowed):  # first: each must find the target as it was
         before = appliance.key_states()
@@ -257,7 +320,7 @@ def test_route_answers_each_credential_as_its_policy_says(
 def test_options_reveal_nothing(request: pytest.FixtureRequest, appliance: Appliance, path: str) -> None:
     """Litestar answers OPTIONS itself (Allow header, empty body); behind a router's guard it is refused like the
     route. Either way no credential is needed to learn nothing."""
-    url = _path(path, Fixtures("none", 1))
+    url = _path(path, Fixtures("none", 1, 1))
     appliance.http.cookies.clear()
     response = appliance.http.options(url, follow_redirects=False)
     figures(request, {AUTH_CASES: 1})
@@ -374,7 +437,7 @@ def _compared_names(function: Callable[..., Any]) -> list[str]:
 
 @pytest.mark.parametrize(
     "function",
-    [KeyService.authenticate, verify_password, AdminAuth.verify, AdminAuth.check_metrics, tokens_match],
+    [KeyService.authenticate, verify_password, SignIn._rehash, AdminAuth.check_metrics, tokens_match],
     ids=lambda f: f.__qualname__,
 )
 def test_secrets_are_compared_in_constant_time(function: Callable[..., Any]) -> None:
@@ -387,6 +450,13 @@ def test_secrets_are_compared_in_constant_time(function: Callable[..., Any]) -> 
     assert any(name in source for name in CONSTANT_TIME), f"{function.__qualname__} uses no compare_digest"
     leaky = [n for n in _compared_names(function) if any(word in n.lower() for word in SECRET_NAMES)]
     assert not leaky, f"{function.__qualname__} compares {leaky} with == or !="
+
+
+def test_sessions_are_found_by_their_hash() -> None:
+    """Like API keys: the cookie's value is hashed before the database is asked, and the row found by that hash."""
+    source = inspect.getsource(SessionStore.get)
+    assert source.index("_digest(token)") < source.index("execute(")
+    assert "WebSession.id_hash == digest" in source
 
 
 def test_api_keys_are_found_by_their_hash() -> None:

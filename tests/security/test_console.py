@@ -12,9 +12,10 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 
 from tests.security.conftest import AUTH_CASES, SERVER_ERRORS, TRIED, Appliance, Session, figures, serve
-from tests.web.conftest import ADMIN_PASSWORD
+from tests.web.conftest import ADMIN, ADMIN_PASSWORD
 from web.console.auth import CSRF_FIELD, CSRF_HEADER, LOGIN_COOKIE, SESSION_COOKIE
-from web.console.sessions import MAX_AGE_S, LoginLimiter
+from web.people.sessions import MAX_AGE_S
+from web.system.login_limiter import LoginLimiter
 
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -34,6 +35,10 @@ def test_every_state_changing_console_route_needs_the_sessions_csrf_token(
 ) -> None:
     session, other = appliance.sign_in(), appliance.sign_in()
     key_id, _ = appliance.new_key("csrf target")
+    user_id = appliance.new_person("csrf-target")
+    plan = appliance.http.post("/admin/api/plans", json={"name": "csrf plan"}, headers=ADMIN)
+    plan_id = plan.json()["id"]
+    people_before = appliance.http.get("/admin/api/users", headers=ADMIN).json()
     routes = console_changes(appliance)
     assert ("POST", "/admin/keys") in routes and ("POST", "/admin/logout") in routes
     form = {"name": "forged", "quota_period": "none", "max_tokens_per_request": "1"}
@@ -47,25 +52,35 @@ def test_every_state_changing_console_route_needs_the_sessions_csrf_token(
     }
     checked = 0
     for method, template in routes:
-        path = template.replace("{key_id:int}", str(key_id))
+        path = _filled(template, key_id, user_id, plan_id)
         for name, (headers, body) in forgeries.items():
             before = appliance.key_states()
             response = appliance.post_form(session, f"{path}?{CSRF_FIELD}={session.csrf}", body, **headers)
             assert response.status_code == 403, f"{method} {path} with {name}: {response.status_code}"
             assert "CSRF" in response.text
             assert appliance.key_states() == before, f"{method} {path} with {name} changed something"
+            assert appliance.http.get("/admin/api/users", headers=ADMIN).json() == people_before
             checked += 1
     assert appliance.page(session, "/admin").status_code == 200  # the forged logouts ended nothing
     for method, template in routes:
         if template == "/admin/logout":
             continue
-        path = template.replace("{key_id:int}", str(key_id))
+        path = _filled(template, key_id, user_id, plan_id)
         response = appliance.post_form(session, path, {**form, "name": "with the token"}, **{CSRF_HEADER: session.csrf})
-        # The model switch judges its form once the token passes: no model named, so its own 409, not a 403.
-        accepted = (409,) if path == "/admin/models/serve" else (201, 303)
+        # Past the token each route judges its form: the model switch has no model named (its own 409); a person
+        # made with no user name or password, and a password reset with none, are refused (422).
+        accepted = (409,) if path == "/admin/models/serve" else (201, 303, 422)
         assert response.status_code in accepted, f"{method} {path}: {response.text[:200]}"
     assert appliance.post_form(session, "/admin/logout", {CSRF_FIELD: session.csrf}).status_code == 303
     figures(request, {AUTH_CASES: checked})
+
+
+def _filled(template: str, key_id: int, user_id: int, plan_id: int) -> str:
+    return (
+        template.replace("{key_id:int}", str(key_id))
+        .replace("{user_id:int}", str(user_id))
+        .replace("{plan_id:int}", str(plan_id))
+    )
 
 
 def test_the_login_form_needs_its_own_token(appliance: Appliance) -> None:
@@ -114,7 +129,8 @@ def test_cookie_flags(tmp_path: Path, scheme: str) -> None:
     secure = scheme == "https"
     login_cookie = _set_cookies(page)[LOGIN_COOKIE][LOGIN_COOKIE]
     session_cookie = _set_cookies(signed_in)[SESSION_COOKIE][SESSION_COOKIE]
-    for cookie, path in ((login_cookie, "/admin/login"), (session_cookie, "/admin")):
+    # One session for the chat page and the console (web/people): its cookie is the whole site's.
+    for cookie, path in ((login_cookie, "/admin/login"), (session_cookie, "/")):
         assert cookie["httponly"] and cookie["samesite"].lower() == "strict" and cookie["path"] == path
         assert bool(cookie["secure"]) == secure
     assert int(session_cookie["max-age"]) == MAX_AGE_S

@@ -41,9 +41,11 @@ EXAMPLES = 50  # per operation and mode: ~1,000 requests, ~20 s on two shared co
 
 
 def is_page(path: str) -> bool:
-    """The chat page, the console (its pages and form posts) and their static files: not the API."""
+    """The chat page, the console (its pages and form posts), a person's pages (sign-in, sign-up, invite, account)
+    and their static files: not the API."""
     console = path.startswith("/admin") and not path.startswith("/admin/api")
-    return path == "/" or path.startswith("/static/") or console
+    person = path in ("/login", "/signup", "/logout", "/logout-everywhere") or path.startswith(("/invite/", "/account"))
+    return path == "/" or path.startswith("/static/") or console or person
 
 
 def new_app(directory: Path) -> Litestar:

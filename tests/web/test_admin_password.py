@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from web.db import create_db_engine, create_sessionmaker, sqlite_url, upgrade_schema
 from web.errors import AdminAuthRequired
-from web.models import AdminCredential, utcnow
+from web.models import User, utcnow
 from web.system.admin_auth import ADMIN_USER, AdminAuth, hash_password, verify_password
 
 PASSWORD = "correct horse battery"
@@ -38,12 +38,23 @@ async def test_an_old_hash_signs_in_once_and_is_rehashed(tmp_path: Path) -> None
     await upgrade_schema(engine)
     sessions = create_sessionmaker(engine)
     async with sessions.begin() as session:
-        session.add(AdminCredential(username=ADMIN_USER, password_hash=old_hash(PASSWORD), updated_at=utcnow()))
-    auth = AdminAuth(sessions, None)
+        now = utcnow()
+        session.add(
+            User(
+                username=ADMIN_USER,
+                password_hash=old_hash(PASSWORD),
+                role="admin",
+                suspended=False,
+                overrides="{}",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    auth = AdminAuth.over(sessions)
 
     async def stored() -> str:
         async with sessions() as session:
-            value = await session.scalar(select(AdminCredential.password_hash))
+            value = await session.scalar(select(User.password_hash))
         assert value is not None
         return value
 
@@ -56,7 +67,7 @@ async def test_an_old_hash_signs_in_once_and_is_rehashed(tmp_path: Path) -> None
     upgraded = await stored()
     assert upgraded.split("$")[1] == str(1 << 17)
     assert verify_password(PASSWORD, upgraded) and not verify_password("wrong password", upgraded)
-    await AdminAuth(sessions, None).sign_in(ADMIN_USER, PASSWORD, "192.0.2.1")  # a fresh process signs in too
+    await AdminAuth.over(sessions).sign_in(ADMIN_USER, PASSWORD, "192.0.2.1")  # a fresh process signs in too
     await engine.dispose()
 
 
@@ -66,9 +77,9 @@ async def test_gateways_seeding_one_database_together_keep_one_credential(tmp_pa
     engine = create_db_engine(sqlite_url(tmp_path / "seed.db"))
     await upgrade_schema(engine)
     sessions = create_sessionmaker(engine)
-    seeded = await asyncio.gather(AdminAuth(sessions, None).seed(PASSWORD), AdminAuth(sessions, None).seed(PASSWORD))
+    seeded = await asyncio.gather(AdminAuth.over(sessions).seed(PASSWORD), AdminAuth.over(sessions).seed(PASSWORD))
     assert sorted(seeded) == [False, True]
     async with sessions() as session:
-        rows = (await session.scalars(select(AdminCredential))).all()
+        rows = (await session.scalars(select(User))).all()
     assert len(rows) == 1 and verify_password(PASSWORD, rows[0].password_hash)
     await engine.dispose()

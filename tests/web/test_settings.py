@@ -120,7 +120,7 @@ def test_cli_migrate_and_set_admin_password(
         main(["set-admin-password"])
     monkeypatch.setattr("sys.stdin", io.StringIO("a-long-enough-password\n"))
     main(["set-admin-password"])
-    (stored,) = conn.execute("SELECT password_hash FROM admin_credentials").fetchone()
+    (stored,) = conn.execute("SELECT password_hash FROM users WHERE username = 'admin' AND role = 'admin'").fetchone()
     assert stored.startswith("scrypt$") and "a-long-enough-password" not in stored
     monkeypatch.setenv("APPLIANCE_PORT", "not-a-port")
     with pytest.raises(SystemExit, match="APPLIANCE_PORT"):

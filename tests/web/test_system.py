@@ -6,6 +6,7 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.web.conftest import (
@@ -19,6 +20,7 @@ from tests.web.conftest import (
     new_key,
     rows,
 )
+from web.errors import AdminAuthRequired
 from web.jobs import Jobs, Sampler
 from web.models import utcnow
 
@@ -93,12 +95,16 @@ async def test_metrics_content(client: Any) -> None:
 async def test_admin_credential_checks(in_loop: InLoop) -> None:
     admin = in_loop.gateway.admin
     assert await admin.configured()
-    assert await admin.verify("admin", ADMIN_PASSWORD) and await admin.verify("admin", ADMIN_PASSWORD)
-    assert not await admin.verify("admin", "wrong-password")
-    assert not await admin.verify("root", ADMIN_PASSWORD)
+    for _ in range(2):  # the second from the remembered check
+        assert (await admin.sign_in("admin", ADMIN_PASSWORD, "192.0.2.1")).role == "admin"
+    with pytest.raises(AdminAuthRequired):
+        await admin.sign_in("admin", "wrong-password", "192.0.2.2")
+    with pytest.raises(AdminAuthRequired):
+        await admin.sign_in("root", ADMIN_PASSWORD, "192.0.2.3")
     await admin.set_password("a-new-password")
-    assert not await admin.verify("admin", ADMIN_PASSWORD)  # the remembered check is forgotten
-    assert await admin.verify("admin", "a-new-password")
+    with pytest.raises(AdminAuthRequired):
+        await admin.sign_in("admin", ADMIN_PASSWORD, "192.0.2.4")  # the remembered check is forgotten
+    assert (await admin.sign_in("admin", "a-new-password", "192.0.2.5")).username == "admin"
 
 
 async def test_admin_stats_snapshot(client: Any) -> None:

@@ -21,6 +21,8 @@ from web.console.live import engine_state, live_view
 from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render, wanted_partial
 from web.console.samples import WINDOWS, Bucket, Window, buckets
 from web.console.tenants import key_shares, seat_holder
+from web.keys.service import KeyService, person_holder
+from web.people.accounts import Accounts
 
 PARTIALS = ("engine-state", "memory", "engine-counters", "key-shares", "backends", "diagnosis", "charts")
 
@@ -74,6 +76,12 @@ def build_charts(rows: list[Bucket], window: Window, kind: str, now: float) -> l
     ]  # fmt: skip
 
 
+async def tenant_names(keys: KeyService, accounts: Accounts) -> dict[str, str]:
+    """Fair share's tenants by name: a key's id, or a person's user:<id> (web/keys/service.py KeyInfo.tenant)."""
+    people = {person_holder(p.id): p.username for p in await accounts.list()}
+    return {str(key_id): name for key_id, name in (await keys.names()).items()} | people
+
+
 @get("/")
 async def dashboard(
     request: HTMXRequest,
@@ -82,6 +90,7 @@ async def dashboard(
     inflight: deps.InFlight,
     sessions: deps.Sessions,
     keys: deps.Keys,
+    accounts: deps.Accounts,
     router: deps.Router,
     window: FromQuery[str] = "1h",
 ) -> HTMXTemplate:
@@ -97,7 +106,7 @@ async def dashboard(
         context["capacity"] = capacity(stats, await typical_chat_tokens(sessions) if stats else None)
     if partial in (None, "key-shares", "diagnosis", "charts"):
         stats = context["live"].stats
-        context["shares"] = key_shares(stats, await keys.names() if stats and stats.tenants else {})
+        context["shares"] = key_shares(stats, await tenant_names(keys, accounts) if stats and stats.tenants else {})
     if partial in (None, "backends", "diagnosis", "charts"):
         context["backends"] = router.statuses()
     if partial in (None, "charts", "diagnosis"):

@@ -109,7 +109,7 @@ async def create_key(request: HTMXRequest, keys: deps.Keys, views: deps.Views, d
         message = exc.message if isinstance(exc, AppError) else str(exc)
         context = _page(request, await views.all(), data, error=message)
         return render("console/keys.html", context, partial=_create_partial(request), status_code=422)
-    created = {"key": secret, "view": await views.one(info.id)}
+    created = {"key": secret, "view": await views.one(info.stored_id)}
     context = _page(request, await views.all(), KeyForm(), created=created, oob=_is_htmx(request))
     return render("console/keys.html", context, partial=_create_partial(request), status_code=201)
 

@@ -1,5 +1,5 @@
 """Everything the browser pages add to the app: the chat and console routers, the templates, the static files.
-web/app.py calls `pages()` once per app, so each app has its own console sessions."""
+web/app.py calls `pages()` once per app with its session store."""
 
 from __future__ import annotations
 
@@ -16,19 +16,15 @@ from litestar.template import TemplateConfig
 
 from web.chat.routes import chat_router
 from web.console import dashboard, history, keys, models
-from web.console.auth import (
-    ConsoleState,
-    CsrfRejected,
-    LoginRequired,
-    handle_csrf_rejected,
-    handle_login_required,
-    login,
-    login_page,
-    logout,
-    session_guard,
-)
+from web.console import people as people_page
+from web.console import plans as plans_page
+from web.console.auth import LOGIN_PATH, ConsoleState, login, login_page, logout
 from web.console.render import PAGE_HEADERS, error_page, template_config
 from web.errors import AppError
+from web.people.guard import EXCEPTION_HANDLERS as SESSION_ERRORS
+from web.people.guard import session_guard
+from web.people.pages import people_pages
+from web.people.sessions import SessionStore
 from web.static import STATIC_DIR, VENDOR_DIR
 from web.static.assets import ASSETS, is_current
 
@@ -42,7 +38,7 @@ class Pages:
     template_config: TemplateConfig[JinjaTemplateEngine]
 
 
-def pages() -> Pages:
+def pages(web_sessions: SessionStore) -> Pages:
     missing = [a.target for a in ASSETS if not is_current(a, VENDOR_DIR)]
     if missing:
         log.warning(
@@ -78,11 +74,22 @@ def pages() -> Pages:
             keys.revoke_key,
             models.models_page,
             models.serve_model,
+            people_page.people_page,
+            people_page.create_person,
+            people_page.import_people,
+            people_page.invite_person,
+            people_page.set_role,
+            people_page.set_suspended,
+            people_page.set_plan,
+            people_page.reset_password,
+            people_page.sign_out_person,
+            plans_page.plans_page,
+            plans_page.create_plan,
+            plans_page.update_plan,
         ],
-        guards=[session_guard(console)],
+        guards=[session_guard(web_sessions, LOGIN_PATH, admin_only=True)],
         exception_handlers={
-            LoginRequired: handle_login_required,
-            CsrfRejected: handle_csrf_rejected,
+            **SESSION_ERRORS,
             AppError: error_page,
             HTTPException: error_page,
         },
@@ -93,4 +100,5 @@ def pages() -> Pages:
         create_static_files_router(path=f"/static/{folder}", directories=[STATIC_DIR / folder], name=f"static-{folder}")
         for folder in STATIC_FOLDERS
     ]
-    return Pages([chat_router, public, private, *static], template_config())
+    people = people_pages(session_guard(web_sessions, "/login"))
+    return Pages([chat_router, *people, public, private, *static], template_config())

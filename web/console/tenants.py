@@ -32,7 +32,7 @@ class SeatHolder:
     others_waiting: int
 
 
-def key_shares(stats: EngineStats | None, names: dict[int, str]) -> list[KeyShare]:
+def key_shares(stats: EngineStats | None, names: dict[str, str]) -> list[KeyShare]:
     """One row per busy (or lately busy) key, most seats first."""
     if stats is None:
         return []
@@ -87,8 +87,7 @@ def holder_levers(holder: SeatHolder) -> list[str]:
     ]
 
 
-def _name(t: TenantStats, names: dict[int, str]) -> str:
-    try:
-        return names.get(int(t.id), t.id)
-    except ValueError:  # not a key's id: the engine's default tenant (requests that came without a key)
-        return t.id
+def _name(t: TenantStats, names: dict[str, str]) -> str:
+    """A key's name, a person's user name (their tenant id is user:<id>), or the id itself (the engine's default
+    tenant: requests that came without a key)."""
+    return names.get(t.id, t.id)

@@ -18,9 +18,11 @@ def new_log(request: Request[Any, Any, Any], endpoint: str, id_prefix: str) -> R
     """The record of an authenticated request (the API-key guard noted its key and arrival)."""
     wall, mono = request.state.arrival
     client = request.client.host if request.client else None
+    key = request.state.api_key
     return RequestLog(
         id=id_prefix + uuid.uuid4().hex,
-        key_id=request.state.api_key.id,
+        key_id=key.id,
+        user_id=key.user_id,
         model="",
         endpoint=endpoint,
         stream=False,

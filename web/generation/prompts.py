@@ -91,6 +91,11 @@ class Prompts:
     async def prepare(self, ask: Ask, key: KeyInfo) -> Prepared:
         """The prompt's ids, max_tokens within the key's policy and the context, the sampling checked."""
         served, prompt = ask.served, ask.prompt
+        if key.models and served.name not in key.models:
+            allowed = ", ".join(f"'{m}'" for m in key.models)
+            raise ModelNotFound(
+                f"your plan does not include the model {shown(served.name)}; it includes {allowed}", param="model"
+            )
         if isinstance(prompt, Chat):
             ids, field_name = await self._chat_ids(served, prompt), "messages"
         else:

@@ -105,6 +105,7 @@ class RequestLog:
     error: str | None = None
     response_text: str | None = None
     backend: str | None = None  # the backend that serves it, set when the router picks one (a retry: the last)
+    user_id: int | None = None  # the person whose quota it counts against (their key or session)
 
     def wall(self, mono: float | None) -> datetime | None:
         return None if mono is None else self.arrival_at + timedelta(seconds=mono - self.arrival_mono)
@@ -142,6 +143,7 @@ class RequestLog:
         return {
             "id": self.id,
             "key_id": self.key_id,
+            "user_id": self.user_id,
             "model": self.model,
             "endpoint": self.endpoint,
             "stream": self.stream,

@@ -11,8 +11,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 
 from web.errors import AuthenticationFailed
-from web.keys.service import KeyService
+from web.keys.service import KeyInfo, KeyService
 from web.models import utcnow
+from web.people.guard import CSRF_HEADER, SESSION_COOKIE
+from web.people.plans import Plans
+from web.people.sessions import SessionStore, tokens_match
+
+# The routes the chat page calls with its session instead of a key.
+SESSION_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -32,17 +38,39 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return bearer_token(headers.get("authorization"))
 
 
-def api_key_guard(keys: KeyService) -> Guard:
-    """Authenticate, and note when the request arrived (wall clock and monotonic) for its history row."""
+async def signed_in_person(connection: ASGIConnection[Any, Any, Any, Any], store: SessionStore) -> KeyInfo | None:
+    """The person the chat page's session cookie names, on the routes the chat page calls, with the session's
+    CSRF token in its header (a page of another site can send the cookie, never the header); None without a
+    cookie."""
+    cookie = connection.cookies.get(SESSION_COOKIE)
+    if not cookie or connection.scope["path"] not in SESSION_PATHS:
+        return None
+    session = await store.get(cookie)
+    if session is None or not session.person.may_chat:
+        raise AuthenticationFailed("your session has ended: sign in again at /login", code="session_expired")
+    if not tokens_match(session.csrf_token, connection.headers.get(CSRF_HEADER)):
+        raise AuthenticationFailed(
+            "a request by a signed-in session needs the page's CSRF token in X-CSRF-Token", code="csrf_token_invalid"
+        )
+    return KeyInfo.signed_in(session.person.id, session.person.username, session.created_at)
+
+
+def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore) -> Guard:
+    """Authenticate (an API key, or on the chat page's routes a signed-in session), and note when the request
+    arrived (wall clock and monotonic) for its history row. A person's key or session runs under their plan."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         connection.state.arrival = (utcnow(), time.monotonic())
         presented = presented_key(connection.headers)
+        person = await signed_in_person(connection, store) if presented is None else None
+        if person is not None:
+            connection.state.api_key = await plans.apply(person)
+            return
         if presented is None:
             raise AuthenticationFailed(
                 "missing API key: send it as 'Authorization: Bearer sk-...' or 'x-api-key: sk-...'",
                 code="missing_api_key",
             )
-        connection.state.api_key = await keys.authenticate(presented)
+        connection.state.api_key = await plans.apply(await keys.authenticate(presented))
 
     return guard

@@ -30,7 +30,7 @@ async def create_key(keys: deps.Keys, views: deps.Views, data: JSONBody[KeyCreat
         data.priority,
     )
     info, key = await keys.create(data.name, limits)
-    return CreatedKey(key=key, info=await views.one(info.id))
+    return CreatedKey(key=key, info=await views.one(info.stored_id))
 
 
 @get("/{key_id:int}")

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from engine import Tenant
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound, StorageUnavailable
 from web.history.writer import describe
-from web.models import ApiKey, KeyUsage, UTCDateTime, utcnow
+from web.models import ApiKey, KeyUsage, UserUsage, UTCDateTime, utcnow
 
 log = logging.getLogger("web.keys")
 KEY_PREFIX = "sk-"
@@ -80,9 +80,10 @@ def next_period_start(period: str, start: datetime) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
-    """What a request needs to know about its key; a plain snapshot, detached from any session."""
+    """What a request needs to know about its key; a plain snapshot, detached from any session. A person signed
+    in on the chat page comes with no key (id None) and their user_id."""
 
-    id: int
+    id: int | None
     name: str
     prefix: str
     max_tokens_per_request: int | None
@@ -93,6 +94,11 @@ class KeyInfo:
     revoked_at: datetime | None
     weight: float
     priority: str
+    # A personal key: its owner's id; the limits above are the owner's plan's (web/people/plans.py), the quota
+    # counted is the owner's, from `quota_since` (when the person was made).
+    user_id: int | None = None
+    models: tuple[str, ...] = ()  # the served names it may use; empty: all
+    quota_since: datetime | None = None
 
     @classmethod
     def of(cls, row: ApiKey | Row[Any]) -> KeyInfo:
@@ -108,12 +114,41 @@ class KeyInfo:
             row.revoked_at,
             row.weight,
             row.priority,
+            row.user_id,
         )
 
     @property
     def tenant(self) -> Tenant:
-        """Who the engine's fair scheduler counts this key's requests against."""
-        return Tenant(str(self.id), self.weight, cast(Priority, self.priority))
+        """Who the engine's fair scheduler and the gateway's fair queue count this key's requests against: its
+        owner, whichever of their keys or sessions a request comes by; a key of no one is its own tenant."""
+        tenant_id = str(self.id) if self.user_id is None else f"user:{self.user_id}"
+        return Tenant(tenant_id, self.weight, cast(Priority, self.priority))
+
+    @property
+    def holder(self) -> int | str:
+        """Whose concurrency slots and quota a request takes: the owner's, or the key's own."""
+        return self.stored_id if self.user_id is None else person_holder(self.user_id)
+
+    @property
+    def stored_id(self) -> int:
+        """The id of a key that exists: every KeyInfo but a signed-in person's (who comes with no key)."""
+        assert self.id is not None, "a request without a key is a signed-in person's"
+        return self.id
+
+    @classmethod
+    def signed_in(cls, user_id: int, username: str, created_at: datetime) -> KeyInfo:
+        """A person on the chat page, who comes by their session and with no key: their plan's limits are set
+        on it as on their personal keys (web/people/plans.py)."""
+        return cls(None, username, "", None, None, "none", None, created_at, None, 1.0, "interactive", user_id)
+
+    @property
+    def period_anchor(self) -> datetime:
+        """Where a quota of period "none" counts from."""
+        return self.quota_since or self.created_at
+
+
+def person_holder(user_id: int) -> str:
+    return f"user:{user_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +208,9 @@ class KeyService:
             raise AuthenticationFailed("this API key has been revoked", code="revoked_api_key")
         return KeyInfo.of(row)
 
-    async def create(self, name: str, limits: KeyLimits) -> tuple[KeyInfo, str]:
-        """Returns the key's info and the key itself, which is never available again."""
+    async def create(self, name: str, limits: KeyLimits, user_id: int | None = None) -> tuple[KeyInfo, str]:
+        """Returns the key's info and the key itself, which is never available again. A personal key (user_id)
+        keeps no limits of its own: its owner's plan gives them."""
         limits.check()
         if not name.strip():
             raise InvalidRequest("name must not be blank", param="name")
@@ -190,6 +226,7 @@ class KeyService:
             max_concurrent=limits.max_concurrent,
             weight=limits.weight,
             priority=limits.priority,
+            user_id=user_id,
         )
         async with self.sessions.begin() as session:
             session.add(row)
@@ -266,7 +303,11 @@ class KeyService:
         if key.quota_tokens is None:
             return None
         async with self.sessions() as session:
-            usage = await session.get(KeyUsage, key.id)
+            usage: KeyUsage | UserUsage | None
+            if key.user_id is not None:  # a personal key: its owner's quota
+                usage = await session.get(UserUsage, key.user_id)
+            else:
+                usage = await session.get(KeyUsage, key.id)
         if usage is None:
             return key.quota_tokens
         return max(key.quota_tokens - usage.used_tokens - usage.reserved_tokens, 0)

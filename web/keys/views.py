@@ -15,12 +15,12 @@ class KeyViews:
 
     async def all(self) -> list[KeyView]:
         return [
-            key_view(key, usage, self.limiter.in_flight(key.id)) for key, usage in await self.keys.list_with_usage()
+            key_view(key, usage, self.limiter.in_flight(key.holder)) for key, usage in await self.keys.list_with_usage()
         ]
 
     async def one(self, key_id: int) -> KeyView:
         key, usage = await self.keys.get_with_usage(key_id)
-        return key_view(key, usage, self.limiter.in_flight(key.id))
+        return key_view(key, usage, self.limiter.in_flight(key.holder))
 
 
 def key_view(key: KeyInfo, usage: KeyUsage | None, in_flight: int) -> KeyView:
@@ -30,7 +30,7 @@ def key_view(key: KeyInfo, usage: KeyUsage | None, in_flight: int) -> KeyView:
     start = usage.period_start if usage else None
     end = next_period_start(key.quota_period, start) if start is not None else None
     return KeyView(
-        id=key.id,
+        id=key.stored_id,
         name=key.name,
         prefix=key.prefix,
         created_at=key.created_at,

@@ -62,7 +62,8 @@ class AccessLog:
     def _record(self, scope: HTTPScope, status: int, error_body: bytes, seconds: float) -> None:
         state: dict[str, Any] = scope.get("state") or {}
         key = state.get("api_key")
-        who = getattr(key, "name", None) or ("admin" if state.get("admin_session") is not None else "-")
+        signed_in = state.get("signed_in")
+        who = getattr(key, "name", None) or (signed_in.person.username if signed_in is not None else "-")
         tokens = state.get("tokens")
         code = ""
         if status >= 400:

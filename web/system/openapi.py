@@ -110,7 +110,11 @@ def completed_document(
     assert not clash, f"schema component names used twice: {sorted(clash)}"
     components.update(extra)
     _for_the_served_model(components, model, max_model_len, vocab)
-    for name in ("KeyCreate", "KeyUpdate"):  # forbid_unknown_fields=True
+    # forbid_unknown_fields=True
+    for name in (
+        *("KeyCreate", "KeyUpdate", "PersonCreate", "PersonUpdate", "Overrides", "CsvImport"),
+        *("InviteCreate", "PlanCreate", "PlanUpdate"),
+    ):
         components[name]["additionalProperties"] = False
     components[ERROR] = ERROR_SCHEMA
     responses_document.complete(doc, model, max_model_len)  # before: its body decides the statuses added below
@@ -169,6 +173,10 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
         statuses.add(404)
     if "requestBody" in operation:
         statuses.add(413)
+    if path in ("/admin/api/users", "/admin/api/invites") and method == "post":
+        statuses.add(404)  # a plan_id that names no plan
+    if path in ("/admin/api/users", "/admin/api/plans") and method == "post":
+        statuses.add(409)  # a name taken
     if path.startswith("/v1/") and method == "post":
         statuses |= {404, 429, 503}  # unknown model; key quota or concurrency; engine not ready or overloaded
     if path == "/ready":

@@ -48,7 +48,7 @@ def ready(gate: deps.Gate) -> Readiness:
 async def metrics(metrics: deps.Metrics, keys: deps.Keys, gate: deps.Gate) -> Response[bytes]:
     metrics.engine_restarts = gate.client.restarts
     metrics.key_quotas = [
-        KeyQuota(key.id, key.name, u.used_tokens if u else 0, u.reserved_tokens if u else 0, key.quota_tokens)
+        KeyQuota(key.stored_id, key.name, u.used_tokens if u else 0, u.reserved_tokens if u else 0, key.quota_tokens)
         for key, u in await keys.list_with_usage()
     ]
     return Response(metrics.render(), media_type=CONTENT_TYPE)

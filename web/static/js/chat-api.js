@@ -40,6 +40,7 @@ export function explain(err) {
   if (err.status === 401) {
     if (err.code === "revoked_api_key") return "This API key has been revoked. Ask the operator for a new key.";
     if (err.code === "missing_api_key") return "Enter your API key in the settings first.";
+    if (err.code === "session_expired") return "Your session has ended. Sign in again.";
     return "The API key was not accepted. Check it in the settings.";
   }
   if (err.type === "insufficient_quota" || err.code === "insufficient_quota") {
@@ -97,10 +98,10 @@ function* events(buffer) {
  * { usage, finishReason } at [DONE]; rejects with ApiError on a refusal (also one sent inside the stream),
  * or with the AbortError of `signal` when stopped.
  */
-export async function streamChat({ apiKey, body, signal, onDelta, onQueued }) {
+export async function streamChat({ auth, body, signal, onDelta, onQueued }) {
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
-    headers: { "Content-Type": "application/json", Authorization: `Bearer ${apiKey}` },
+    headers: { "Content-Type": "application/json", ...auth },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
     signal,
   });
@@ -131,8 +132,8 @@ export async function streamChat({ apiKey, body, signal, onDelta, onQueued }) {
   }
 }
 
-export async function fetchModel(apiKey) {
-  const response = await fetch("/v1/models", { headers: { Authorization: `Bearer ${apiKey}` } });
+export async function fetchModel(auth) {
+  const response = await fetch("/v1/models", { headers: auth });
   if (!response.ok) throw await errorOf(response);
   const body = await response.json();
   return body.data && body.data.length ? body.data[0].id : "";

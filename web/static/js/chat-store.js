@@ -1,5 +1,6 @@
-// The chat's state in the browser's localStorage: the API key, and the conversations (messages, system prompt,
-// sampling settings). Nothing of it leaves the browser except in the requests the user sends.
+// The chat's state in the browser's localStorage: the API key (signed out), and the conversations (messages,
+// system prompt, sampling settings), apart per signed-in person and removed at their sign-out. Nothing of it
+// leaves the browser except in the requests the user sends.
 
 const KEY_ITEM = "appliance.apiKey";
 const CHATS_ITEM = "appliance.conversations.v1";
@@ -43,12 +44,22 @@ function normalize(c) {
 }
 
 export class Store {
-  constructor() {
-    const saved = read(CHATS_ITEM, null);
+  /** `person`: the signed-in person's name; their conversations are kept apart from anyone else's. */
+  constructor(person = "") {
+    this.item = person ? `${CHATS_ITEM}.${person}` : CHATS_ITEM;
+    const saved = read(this.item, null);
     const list = saved && Array.isArray(saved.conversations) ? saved.conversations.map(normalize) : [];
     this.conversations = list;
     this.currentId = saved && list.some((c) => c.id === saved.currentId) ? saved.currentId : null;
     if (!this.current) this.create();
+  }
+
+  /** Signing out: nothing of this person's conversations stays in the browser for the next one. */
+  forget() {
+    this.forgotten = true; // a reply stopped on the way out must not write them back
+    localStorage.removeItem(this.item);
+    this.conversations = [];
+    this.currentId = null;
   }
 
   get current() {
@@ -56,13 +67,14 @@ export class Store {
   }
 
   save() {
+    if (this.forgotten) return;
     try {
-      localStorage.setItem(CHATS_ITEM, JSON.stringify({ conversations: this.conversations, currentId: this.currentId }));
+      localStorage.setItem(this.item, JSON.stringify({ conversations: this.conversations, currentId: this.currentId }));
     } catch {
       // Storage full: the oldest conversation gives way, once.
       if (this.conversations.length > 1) {
         this.conversations.sort((a, b) => b.updated - a.updated).pop();
-        localStorage.setItem(CHATS_ITEM, JSON.stringify({ conversations: this.conversations, currentId: this.currentId }));
+        localStorage.setItem(this.item, JSON.stringify({ conversations: this.conversations, currentId: this.currentId }));
       }
     }
   }

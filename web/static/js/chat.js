@@ -6,8 +6,11 @@ import { Store, loadKey, saveKey } from "./chat-store.js";
 import { renderMarkdown } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
-const store = new Store();
-let apiKey = loadKey();
+const person = document.body.dataset.person || "";
+const csrf = document.querySelector('meta[name="csrf-token"]')?.content || "";
+const store = new Store(person);
+let apiKey = person ? "" : loadKey(); // signed in, the session speaks for the person: no key in the browser
+const auth = () => (csrf ? { "X-CSRF-Token": csrf } : { Authorization: `Bearer ${apiKey}` });
 let model = document.body.dataset.model || "";
 let running = null; // { controller, conversation } while a reply streams
 
@@ -94,7 +97,7 @@ function renderSettings() {
   $("temperature").value = String(c.temperature);
   $("max-tokens").value = c.maxTokens === null ? "" : String(c.maxTokens);
   $("api-key").value = apiKey;
-  $("key-needed").hidden = Boolean(apiKey);
+  $("key-needed").hidden = Boolean(apiKey || csrf);
   $("model-line").textContent = model ? `Model: ${model}` : "";
 }
 
@@ -118,7 +121,7 @@ function setKey(key) {
 
 async function send(text) {
   const c = store.current;
-  if (!apiKey) {
+  if (!apiKey && !csrf) {
     $("key-needed").hidden = false;
     $("key-input").focus();
     return;
@@ -167,9 +170,9 @@ async function send(text) {
     }, wait);
   };
   try {
-    if (!model) model = await fetchModel(apiKey);
+    if (!model) model = await fetchModel(auth());
     const result = await streamChat({
-      apiKey,
+      auth: auth(),
       signal: controller.signal,
       body: {
         model,
@@ -264,6 +267,10 @@ function bind() {
   $("toggle-settings").addEventListener("click", (event) => {
     $("settings").hidden = !$("settings").hidden;
     event.currentTarget.setAttribute("aria-expanded", String(!$("settings").hidden));
+  });
+  $("sign-out")?.addEventListener("submit", () => {
+    if (running) running.controller.abort();
+    store.forget(); // before the form leaves: the next person at this browser finds nothing
   });
   $("toggle-sidebar").addEventListener("click", (event) => {
     const open = document.body.classList.toggle("sidebar-open");

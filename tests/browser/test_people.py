@@ -1,0 +1,77 @@
+"""People in a real browser (Debian's chromium): a person signs in, chats with their session (no key in the
+browser), signs out, and the next person at the same browser sees nothing of the first; a pending person cannot
+chat until approved."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.browser.chat_page import send
+from tests.browser.conftest import Server
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+expect = pytest.importorskip("playwright.sync_api").expect
+PASSWORD = "a person's browser password"
+
+
+def _person(server: Server, name: str, role: str = "user") -> int:
+    with server.admin() as api:
+        response = api.post("/admin/api/users", json={"username": name, "password": PASSWORD, "role": role})
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def _sign_in(page: Page, name: str) -> None:
+    page.goto("/login")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("form button[type=submit]")
+
+
+def test_sign_in_chat_sign_out_and_the_next_person_sees_nothing(page: Page, server: Server) -> None:
+    _person(server, "first-person")
+    _person(server, "second-person")
+    _sign_in(page, "first-person")
+    page.wait_for_url(server.url + "/")
+    expect(page.locator("#person")).to_have_text("first-person")
+    expect(page.locator("#key-needed")).to_be_hidden()
+    send(page, "A secret about the first person")
+    reply = page.locator(".message.assistant").last
+    expect(reply.locator(".stats")).to_contain_text("completion tokens", timeout=30_000)
+    assert page.evaluate("localStorage.getItem('appliance.apiKey')") is None, "no key in the browser"
+    rows = server.requests(limit=1)
+    assert rows[0]["status"] == "finished" and rows[0]["key_id"] is None
+
+    page.click("#sign-out button")
+    page.wait_for_url("**/login")
+    stored = page.evaluate("JSON.stringify(Object.entries(localStorage))")
+    assert "A secret about the first person" not in stored, stored
+    page.goto("/")
+    expect(page.locator("#sign-in")).to_be_visible()
+    assert "A secret about the first person" not in page.content()
+    assert page.context.cookies() == [] or all(
+        c["name"] != "appliance_session" or not c["value"] for c in page.context.cookies()
+    )
+
+    _sign_in(page, "second-person")
+    page.wait_for_url(server.url + "/")
+    expect(page.locator("#person")).to_have_text("second-person")
+    expect(page.locator("#conversations")).not_to_contain_text("A secret")
+    assert "A secret about the first person" not in page.content()
+
+
+def test_a_pending_person_cannot_sign_in_until_approved(page: Page, server: Server) -> None:
+    pending = _person(server, "waiting-person", role="pending")
+    _sign_in(page, "waiting-person")
+    expect(page.locator(".error")).to_contain_text("approval")
+    page.goto("/")
+    expect(page.locator("#sign-in")).to_be_visible()
+    with server.admin() as api:
+        assert api.patch(f"/admin/api/users/{pending}", json={"role": "user"}).status_code == 200
+    _sign_in(page, "waiting-person")
+    page.wait_for_url(server.url + "/")
+    expect(page.locator("#person")).to_have_text("waiting-person")

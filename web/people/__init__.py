@@ -1,0 +1,1 @@
+"""People: accounts with roles and plans, their passwords, sign-in and server-side sessions, invites."""

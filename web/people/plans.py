@@ -1,0 +1,153 @@
+"""Plans: named sets of limits (max_tokens cap, token quota and period, concurrency, weight, class, models) given
+to people, with each person's own overrides on top; and what a person's key or session runs under: their plan's
+limits, their quota, and them as the tenant of fair share."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from web.errors import AuthenticationFailed, InvalidRequest, NameTaken, NotFound
+from web.keys.service import SQLITE_INT_MAX, KeyInfo, KeyLimits
+from web.models import Plan, User, utcnow
+
+LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(KeyLimits))
+OVERRIDABLE = (*LIMIT_FIELDS, "models")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInfo:
+    id: int
+    name: str
+    limits: KeyLimits
+    models: tuple[str, ...]  # empty: every model
+
+    @classmethod
+    def of(cls, row: Plan) -> PlanInfo:
+        limits = KeyLimits(
+            row.max_tokens_per_request,
+            row.quota_tokens,
+            row.quota_period,
+            row.max_concurrent,
+            row.weight,
+            row.priority,
+        )
+        return cls(row.id, row.name, limits, _models(row.models))
+
+
+def _models(text: str) -> tuple[str, ...]:
+    return tuple(json.loads(text or "[]"))
+
+
+def check_models(models: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The names as served names are compared: stripped, blanks dropped, each once."""
+    return tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+
+
+def effective(plan: PlanInfo | None, overrides: dict[str, Any]) -> tuple[KeyLimits, tuple[str, ...]]:
+    """A person's limits: their plan's (none: no limits, every model), each overridden field replaced."""
+    limits, models = (plan.limits, plan.models) if plan is not None else (KeyLimits(), ())
+    own = {k: v for k, v in overrides.items() if k in LIMIT_FIELDS}
+    if own:
+        limits = dataclasses.replace(limits, **own)
+    if "models" in overrides:
+        models = tuple(overrides["models"])
+    return limits, models
+
+
+def check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise InvalidRequest(f"no such limit to override: {', '.join(unknown)}", param="overrides")
+    limits, _ = effective(None, overrides)
+    limits.check()
+    if "models" in overrides:
+        if not isinstance(overrides["models"], list) or not all(isinstance(m, str) for m in overrides["models"]):
+            raise InvalidRequest("models is a list of model names", param="overrides")
+        overrides = {**overrides, "models": list(check_models(overrides["models"]))}
+    return overrides
+
+
+class Plans:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def create(self, name: str, limits: KeyLimits, models: list[str] | tuple[str, ...] = ()) -> PlanInfo:
+        limits.check()
+        if not name.strip() or len(name.strip()) > 100:
+            raise InvalidRequest("a plan's name has 1 to 100 characters", param="name")
+        row = Plan(name=name.strip(), models=json.dumps(check_models(models)), created_at=utcnow())
+        _set_limits(row, limits)
+        try:
+            async with self.sessions.begin() as session:
+                session.add(row)
+        except IntegrityError:
+            raise NameTaken(f"a plan named {name.strip()!r} exists", param="name") from None
+        return PlanInfo.of(row)
+
+    async def update(self, plan_id: int, limits: KeyLimits, models: list[str] | tuple[str, ...]) -> PlanInfo:
+        limits.check()
+        async with self.sessions.begin() as session:
+            row = await self._row(session, plan_id)
+            _set_limits(row, limits)
+            row.models = json.dumps(check_models(models))
+        return PlanInfo.of(row)
+
+    async def list(self) -> list[PlanInfo]:
+        async with self.sessions() as session:
+            return [PlanInfo.of(row) for row in await session.scalars(select(Plan).order_by(Plan.name))]
+
+    async def get(self, plan_id: int) -> PlanInfo:
+        async with self.sessions() as session:
+            return PlanInfo.of(await self._row(session, plan_id))
+
+    async def person_limits(self, user_id: int) -> tuple[User, KeyLimits, tuple[str, ...]]:
+        """A person's row and effective limits (plan and overrides)."""
+        async with self.sessions() as session:
+            found = (
+                await session.execute(
+                    select(User, Plan).outerjoin(Plan, Plan.id == User.plan_id).where(User.id == user_id)
+                )
+            ).first()
+        if found is None:
+            raise AuthenticationFailed("this API key's owner no longer exists")
+        user, plan = found
+        limits, models = effective(None if plan is None else PlanInfo.of(plan), json.loads(user.overrides or "{}"))
+        return user, limits, models
+
+    async def apply(self, key: KeyInfo) -> KeyInfo:
+        """A personal key as its requests run: its owner's limits, models and quota; refused while the owner is
+        suspended or not yet approved."""
+        if key.user_id is None:
+            return key
+        user, limits, models = await self.person_limits(key.user_id)
+        if user.suspended or user.role == "pending":
+            raise AuthenticationFailed("this API key's owner is suspended or not approved", code="revoked_api_key")
+        return dataclasses.replace(
+            key,
+            max_tokens_per_request=limits.max_tokens_per_request,
+            quota_tokens=limits.quota_tokens,
+            quota_period=limits.quota_period,
+            max_concurrent=limits.max_concurrent,
+            weight=limits.weight,
+            priority=limits.priority,
+            models=models,
+            quota_since=user.created_at,
+        )
+
+    async def _row(self, session: AsyncSession, plan_id: int) -> Plan:
+        row = await session.get(Plan, plan_id) if 0 < plan_id <= SQLITE_INT_MAX else None
+        if row is None:
+            raise NotFound(f"no plan with id {plan_id}", param="plan_id")
+        return row
+
+
+def _set_limits(row: Plan, limits: KeyLimits) -> None:
+    for name in LIMIT_FIELDS:
+        setattr(row, name, getattr(limits, name))
