@@ -284,8 +284,8 @@ def test_projected_queue_starts_with_the_head_keeps_each_tenants_order_and_follo
 def test_queue_position_and_eta_come_from_the_latest_snapshot() -> None:
     client = AsyncEngineClient(EngineConfig(model="random:tiny"))
     assert client.queue_position("r1") is None
-    snapshot = {f: 0 for f in EngineStats.__struct_fields__} | {"memory_kind": "RAM", "tenants": []}
-    snapshot |= {"recent_queue_wait": [], "recent_ttft": [], "recent_tpot": [], "queue": ["r0", "r1"]}
+    snapshot = {f: 0 for f in EngineStats.__struct_fields__} | {"memory_kind": "RAM", "kv_cache_dtype": "float32"}
+    snapshot |= {"tenants": [], "recent_queue_wait": [], "recent_ttft": [], "recent_tpot": [], "queue": ["r0", "r1"]}
     client._stats = msgspec.convert(snapshot | {"admission_rate": 4.0}, EngineStats)
     assert client.queue_position("r1") == QueuePosition(2, 0.5)
     assert client.queue_position("running-or-unknown") is None

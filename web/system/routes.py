@@ -21,11 +21,11 @@ class Health(Struct):
     status: str
 
 
-class Readiness(Struct):
+class Readiness(Struct, omit_defaults=True):
     status: str
     model: str | None
     # The local engine's KV pool: tokens it holds (blocks x block size) and its element type (auto: the model's;
-    # int8 or fp8: about twice the tokens in the same bytes). None where no local engine serves.
+    # int8 or fp8: about twice the tokens in the same bytes). Left out where no local engine serves.
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
 
