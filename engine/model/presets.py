@@ -50,7 +50,7 @@ class Preset:
         )
 
 
-def _tiny(model_type: str) -> Preset:
+def _tiny(model_type: str, context: int = 2048) -> Preset:
     return Preset(
         model_type,
         hidden_size=64,
@@ -58,7 +58,7 @@ def _tiny(model_type: str) -> Preset:
         num_heads=4,
         num_kv_heads=2,
         intermediate_size=128,
-        max_position_embeddings=2048,
+        max_position_embeddings=context,
         initializer_range=0.2,
     )
 
@@ -67,6 +67,9 @@ PRESETS: dict[str, Preset] = {
     "tiny": _tiny("llama"),
     # Qwen2 carries q/k/v biases: the second family, so bias handling is exercised too.
     "tiny-qwen2": _tiny("qwen2"),
+    # The agents' prompts (Codex CLI, Claude Code: instructions and tool lists of 10-20k tokens) need a long context;
+    # a tiny model prefills them in seconds on a CPU.
+    "tiny-long": _tiny("llama", context=32768),
     # Llama-3.2-1B shapes; its 131072-token context is capped to 8192, where it needs no llama3 rope scaling.
     "llama-1b": Preset(
         "llama",
