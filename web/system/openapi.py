@@ -95,7 +95,10 @@ def generated_document(routers: Sequence[Router], dependencies: Mapping[str, Pro
     reader = Litestar(
         route_handlers=list(routers), dependencies=dict(dependencies), openapi_config=config, logging_config=None
     )
-    return reader.openapi_schema.to_schema()
+    schema = reader.openapi_schema.to_schema()
+    # By path: a handler of several paths keeps them in a set, whose order changes from process to process.
+    schema["paths"] = dict(sorted(schema["paths"].items()))
+    return schema
 
 
 def completed_document(
