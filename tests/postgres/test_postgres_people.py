@@ -5,6 +5,7 @@ keys their requests come by, and the request beyond it is refused on either."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from typing import Any
 
@@ -151,3 +152,30 @@ async def test_a_persons_quota_is_exact_over_two_gateways_sessions_and_keys(pg_u
     assert {r["gateway"] for r in finished} == {"gateway-0", "gateway-1"}
     assert {r["key_id"] is None for r in finished} == {True, False}  # by sessions and by keys
     assert await fetch(pg_url, "SELECT used_tokens FROM key_usage WHERE used_tokens > 0") == []  # no key's own quota
+
+
+def _basic(username: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{username}:{PASSWORD}".encode()).decode()}
+
+
+async def test_two_admins_suspending_each_other_at_once_leave_one(pg_url: str) -> None:
+    async with gateways(pg_url, 2) as (a, b):
+        x, y = await _new_person(a, "admin-x", role="admin"), await _new_person(a, "admin-y", role="admin")
+        (seed,) = [
+            p["id"] for p in (await a.http.get("/admin/api/users", headers=ADMIN)).json() if p["username"] == "admin"
+        ]
+        assert (
+            await a.http.patch(f"/admin/api/users/{seed}", json={"role": "user"}, headers=_basic("admin-x"))
+        ).status_code == 200
+        for _ in range(5):  # y suspends x on a while x suspends y on b: the lock lets only one through
+            answers = await asyncio.gather(
+                a.http.patch(f"/admin/api/users/{x}", json={"suspended": True}, headers=_basic("admin-y")),
+                b.http.patch(f"/admin/api/users/{y}", json={"suspended": True}, headers=_basic("admin-x")),
+            )
+            assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
+            kept = "admin-y" if answers[0].status_code == 200 else "admin-x"
+            restored = x if kept == "admin-y" else y
+            back = await a.http.patch(f"/admin/api/users/{restored}", json={"suspended": False}, headers=_basic(kept))
+            assert back.status_code == 200, back.text
+    active = await fetch(pg_url, "SELECT username FROM users WHERE role = 'admin' AND NOT suspended ORDER BY username")
+    assert [r["username"] for r in active] == ["admin-x", "admin-y"]
