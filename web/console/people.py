@@ -129,11 +129,11 @@ async def invite_person(
 
 async def _row(request: HTMXRequest, plans: Plans, user_id: int, error: str | None = None) -> Response[Any]:
     """The person's row again for htmx (with the error that refused the change); a plain form gets the page."""
-    if not request.htmx and error is not None:
+    if not request.htmx:
+        if error is None:
+            return Redirect(f"/admin/people#person-{user_id}", status_code=303)
         context = await _context(request, plans, row_error=error, error_row=user_id)
         return render("console/people.html", context, status_code=422)
-    if not request.htmx:
-        return Redirect(f"/admin/people#person-{user_id}", status_code=303)
     (row,) = await people_rows(plans, user_id)
     context = page_context(request, "people", row=row, plans=await plans.list(), roles=ROLES, row_error=error)
     return fragment("person-row", context, status_code=422 if error else 200)

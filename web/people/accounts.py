@@ -58,7 +58,8 @@ def normal_username(username: str) -> str:
 
 
 async def _active_admins(session: AsyncSession) -> set[int]:
-    """The admins who may sign in, locked until the transaction ends (FOR UPDATE; SQLite's writer lock does it)."""
+    """The admins who may sign in, locked until the transaction ends (FOR UPDATE on PostgreSQL; SQLite has one
+    writer at a time, and a transaction whose read went stale meanwhile cannot write)."""
     active = select(User.id).where(User.role == "admin", User.suspended.is_(False)).with_for_update()
     return set(await session.scalars(active))
 
