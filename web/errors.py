@@ -84,15 +84,26 @@ class SignInFailed(AppError):
     code = "sign_in_failed"
 
 
-class NameTaken(AppError):
-    """A user or plan name already in use: retrying the same request cannot help."""
+class Conflict(AppError):
+    """A change the stored state forbids: retrying the same request cannot help (unlike 409's usual meaning)."""
 
     status_code = 409
     type = "invalid_request_error"
-    code = "name_taken"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message, param=param, headers={"x-should-retry": "false"})
+
+
+class NameTaken(Conflict):
+    """A user or plan name already in use."""
+
+    code = "name_taken"
+
+
+class LastAdmin(Conflict):
+    """Suspending, demoting or deleting the last active admin: nobody could run the console any more."""
+
+    code = "last_admin"
 
 
 class NotFound(AppError):

@@ -75,3 +75,17 @@ def test_a_pending_person_cannot_sign_in_until_approved(page: Page, server: Serv
     _sign_in(page, "waiting-person")
     page.wait_for_url(server.url + "/")
     expect(page.locator("#person")).to_have_text("waiting-person")
+
+
+def test_the_console_says_why_the_last_admin_cannot_be_suspended(console: Page, server: Server) -> None:
+    with server.admin() as api:
+        people = api.get("/admin/api/users").json()
+    admins = [p for p in people if p["role"] == "admin" and not p["suspended"]]
+    assert [a["username"] for a in admins] == ["admin"], "this test needs the admin to be the only one"
+    console.goto("/admin/people")
+    row = console.locator(f"#person-{admins[0]['id']}")
+    row.get_by_role("button", name="Suspend").click()
+    expect(row.get_by_role("alert")).to_contain_text("'admin' is the last active admin")
+    expect(row.get_by_role("button", name="Suspend")).to_be_visible()  # still active: no Restore offered
+    with server.admin() as api:
+        assert api.get(f"/admin/api/users/{admins[0]['id']}").json()["suspended"] is False

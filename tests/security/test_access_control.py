@@ -134,6 +134,7 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("POST", "/admin/api/users/import"): Call(200, json={"csv": "username,password\n"}),
     ("GET", "/admin/api/users/{user_id:int}"): Call(200),
     ("PATCH", "/admin/api/users/{user_id:int}"): Call(200, json={}),
+    ("DELETE", "/admin/api/users/{user_id:int}"): Call(204),
     ("POST", "/admin/api/users/{user_id:int}/sign-out"): Call(200),
     ("POST", "/admin/api/invites"): Call(201, json={}),
     ("GET", "/login"): Call(200),

@@ -78,7 +78,7 @@ def build_charts(rows: list[Bucket], window: Window, kind: str, now: float) -> l
 
 async def tenant_names(keys: KeyService, accounts: Accounts) -> dict[str, str]:
     """Fair share's tenants by name: a key's id, or a person's user:<id> (web/keys/service.py KeyInfo.tenant)."""
-    people = {person_holder(p.id): p.username for p in await accounts.list()}
+    people = {person_holder(user_id): name for user_id, name in (await accounts.names()).items()}
     return {str(key_id): name for key_id, name in (await keys.names()).items()} | people
 
 

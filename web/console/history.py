@@ -1,5 +1,6 @@
-"""The console's request history: filters (key, status, backend, time range), pagination, one request's detail, and the
-same filtered rows as CSV. Queries go through HistoryService."""
+"""The console's request history: filters (key, person, status, backend, time range), pagination, one request's
+detail, and the same filtered rows as CSV; each row names who sent it (the person, or the key). Queries go through
+HistoryService."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Filters:
     """The filter form as typed (strings, kept for re-display) and what it means for the query."""
 
     key: str
+    person: str
     status: str
     backend: str
     since: str
@@ -47,6 +49,7 @@ class Filters:
     def url_params(self, **extra: Any) -> str:
         values = {
             "key": self.key,
+            "person": self.person,
             "status": self.status,
             "backend": self.backend,
             "since": self.since,
@@ -74,15 +77,22 @@ def _when(raw: str, label: str, errors: list[str]) -> datetime | None:
         return None
 
 
-def parse_filters(key: str, status: str, backend: str, since: str, until: str) -> Filters:
+def _id(raw: str, label: str, errors: list[str]) -> int | None:
+    """A key's or a person's id from the form (a select's value); anything else is an unknown one."""
+    if not raw.strip():
+        return None
+    found = None
+    with suppress(ValueError):
+        found = int(raw)
+    if found is None or not SQLITE_INT_MIN <= found <= SQLITE_INT_MAX:
+        errors.append(f"unknown {label} {raw[:64]!r}")
+        return None
+    return found
+
+
+def parse_filters(key: str, status: str, backend: str, since: str, until: str, person: str = "") -> Filters:
     errors: list[str] = []
-    key_id = None
-    if key.strip():
-        with suppress(ValueError):
-            key_id = int(key)
-        if key_id is None or not SQLITE_INT_MIN <= key_id <= SQLITE_INT_MAX:
-            errors.append(f"unknown key {key!r}")
-            key_id = None
+    key_id, user_id = _id(key, "key", errors), _id(person, "person", errors)
     if status and status not in STATUSES:
         errors.append(f"unknown status {status!r}")
         status = ""
@@ -90,8 +100,8 @@ def parse_filters(key: str, status: str, backend: str, since: str, until: str) -
         errors.append(f"unknown backend {backend[:BACKEND_MAX]!r}")
         backend = ""
     since_at, until_at = _when(since, "From", errors), _when(until, "Until", errors)
-    query = HistoryFilter(key_id, status or None, since_at, until_at, backend or None)
-    return Filters(key, status, backend, since, until, query, errors)
+    query = HistoryFilter(key_id, status or None, since_at, until_at, backend or None, user_id)
+    return Filters(key, person, status, backend, since, until, query, errors)
 
 
 @get("/history")
@@ -99,14 +109,16 @@ async def history_page(
     request: HTMXRequest,
     history: deps.History,
     keys: deps.Keys,
+    accounts: deps.Accounts,
     key: FromQuery[str] = "",
+    person: FromQuery[str] = "",
     status: FromQuery[str] = "",
     backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
     offset: FromQuery[int] = 0,
 ) -> Response[Any]:
-    filters = parse_filters(key, status, backend, since, until)
+    filters = parse_filters(key, status, backend, since, until, person)
     offset = min(max(offset, 0), SQLITE_INT_MAX)  # beyond the last row either way: an empty page
     rows, total = await history.list(filters.query, PAGE_SIZE, offset)
     pages = {
@@ -117,11 +129,13 @@ async def history_page(
         "previous": filters.url_params(offset=max(offset - PAGE_SIZE, 0)) if offset > 0 else None,
         "next": filters.url_params(offset=offset + PAGE_SIZE) if offset + PAGE_SIZE < total else None,
     }
+    usernames = await accounts.names()
     context = page_context(
         request,
         "history",
-        rows=[request_view(r) for r in rows],
+        rows=[request_view(r, usernames) for r in rows],
         keys=await keys.names(),
+        people=sorted(usernames.items(), key=lambda p: p[1]),
         statuses=STATUSES,
         backends=await history.backends(),
         filters=filters,
@@ -133,9 +147,14 @@ async def history_page(
 
 @get("/history/{request_id:str}")
 async def request_detail(
-    request: HTMXRequest, history: deps.History, keys: deps.Keys, config: deps.Config, request_id: FromPath[str]
+    request: HTMXRequest,
+    history: deps.History,
+    keys: deps.Keys,
+    accounts: deps.Accounts,
+    config: deps.Config,
+    request_id: FromPath[str],
 ) -> Response[Any]:
-    row = request_view(await history.get(request_id))
+    row = request_view(await history.get(request_id), await accounts.names())
     key_name = (await keys.names()).get(row.key_id) if row.key_id is not None else None
     context = page_context(request, "history", row=row, key_name=key_name, store_text=config.store_text)
     return render("console/request.html", context)
@@ -158,13 +177,15 @@ CSV_COLUMNS = ("key_name", *RequestView.__struct_fields__)
 async def history_csv(
     history: deps.History,
     keys: deps.Keys,
+    accounts: deps.Accounts,
     key: FromQuery[str] = "",
+    person: FromQuery[str] = "",
     status: FromQuery[str] = "",
     backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
 ) -> Stream:
-    filters = parse_filters(key, status, backend, since, until)
+    filters = parse_filters(key, status, backend, since, until, person)
     if filters.errors:  # an export of other rows than asked for would pass for the one asked for
         raise InvalidRequest("; ".join(filters.errors))
     now = utcnow()
@@ -172,7 +193,7 @@ async def history_csv(
     query = filters.query
     until_at = min(query.until, now) if query.until is not None else now
     bounded = replace(query, until=until_at)
-    names = await keys.names()
+    names, usernames = await keys.names(), await accounts.names()
 
     async def lines() -> AsyncIterator[str]:
         buffer = io.StringIO()
@@ -183,7 +204,7 @@ async def history_csv(
             buffer.seek(0)
             buffer.truncate()
             for row in rows:
-                view = request_view(row)
+                view = request_view(row, usernames)
                 name = names.get(view.key_id) if view.key_id is not None else None
                 writer.writerow([csv_cell(name), *(csv_cell(getattr(view, f)) for f in RequestView.__struct_fields__)])
             yield buffer.getvalue()

@@ -1,6 +1,7 @@
 """The console's People page: make a person (one, a CSV, an invite link), and for each person their role
 (approve a sign-up), suspension, plan, a new password, sign-out everywhere, and their use against their quota this
-period. Every change goes through web/people; each answers htmx with the person's row."""
+period and in all, with a link to their history. Every change goes through web/people; each answers htmx with the
+person's row (and the reason, where one was refused: the last active admin stays one)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from sqlalchemy import select
 from web import deps
 from web.console.auth import page_context
 from web.console.render import fragment, render
-from web.errors import AppError, InvalidRequest
-from web.keys.service import KeyLimits, period_start
+from web.errors import AppError, InvalidRequest, LastAdmin
+from web.keys.service import KeyLimits
 from web.models import Plan, User, UserUsage, utcnow
+from web.people.account import usage_numbers
 from web.people.accounts import ROLES, Person
 from web.people.plans import PlanInfo, Plans, effective
 
@@ -44,7 +46,7 @@ class PersonRow:
     person: Person
     plan: str  # its name, "" for none
     limits: KeyLimits
-    used: int  # this period
+    usage: dict[str, Any]  # web/people/account.py usage_numbers: this period's and all-time use
 
 
 def _plan_id(raw: str) -> int | None:
@@ -70,14 +72,21 @@ async def people_rows(plans: Plans, user_id: int | None = None) -> list[PersonRo
     async with plans.sessions() as session:
         for user, plan, usage in await session.execute(query):
             limits, _ = effective(None if plan is None else PlanInfo.of(plan), json.loads(user.overrides or "{}"))
-            start = period_start(limits.quota_period, now, user.created_at)
-            used = 0 if usage is None or usage.period_start < start else usage.used_tokens
-            rows.append(PersonRow(Person.of(user), "" if plan is None else plan.name, limits, used))
+            numbers = usage_numbers(limits, usage, user.created_at, now)
+            rows.append(PersonRow(Person.of(user), "" if plan is None else plan.name, limits, numbers))
     return rows
 
 
 async def _context(request: HTMXRequest, plans: Plans, **values: Any) -> dict[str, Any]:
-    values = {"error": None, "form": None, "report": None, "invite": None, "row_error": None, **values}
+    values = {
+        "error": None,
+        "form": None,
+        "report": None,
+        "invite": None,
+        "row_error": None,
+        "error_row": None,
+        **values,
+    }
     return page_context(
         request, "people", people=await people_rows(plans), plans=await plans.list(), roles=ROLES, **values
     )
@@ -119,8 +128,12 @@ async def invite_person(
 
 
 async def _row(request: HTMXRequest, plans: Plans, user_id: int, error: str | None = None) -> Response[Any]:
+    """The person's row again for htmx (with the error that refused the change); a plain form gets the page."""
     if not request.htmx:
-        return Redirect(f"/admin/people#person-{user_id}", status_code=303)
+        if error is None:
+            return Redirect(f"/admin/people#person-{user_id}", status_code=303)
+        context = await _context(request, plans, row_error=error, error_row=user_id)
+        return render("console/people.html", context, status_code=422)
     (row,) = await people_rows(plans, user_id)
     context = page_context(request, "people", row=row, plans=await plans.list(), roles=ROLES, row_error=error)
     return fragment("person-row", context, status_code=422 if error else 200)
@@ -130,7 +143,10 @@ async def _row(request: HTMXRequest, plans: Plans, user_id: int, error: str | No
 async def set_role(
     request: HTMXRequest, accounts: deps.Accounts, plans: deps.Plans, user_id: FromPath[int], data: Form
 ) -> Response[Any]:
-    await accounts.set_role(user_id, data.role)
+    try:
+        await accounts.set_role(user_id, data.role)
+    except LastAdmin as exc:
+        return await _row(request, plans, user_id, error=exc.message)
     return await _row(request, plans, user_id)
 
 
@@ -138,7 +154,10 @@ async def set_role(
 async def set_suspended(
     request: HTMXRequest, accounts: deps.Accounts, plans: deps.Plans, user_id: FromPath[int], data: Form
 ) -> Response[Any]:
-    await accounts.set_suspended(user_id, data.suspended == "1")
+    try:
+        await accounts.set_suspended(user_id, data.suspended == "1")
+    except LastAdmin as exc:
+        return await _row(request, plans, user_id, error=exc.message)
     return await _row(request, plans, user_id)
 
 

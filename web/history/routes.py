@@ -1,7 +1,9 @@
-"""Admin JSON API for the request history: filtered, paginated list and one request's detail."""
+"""Admin JSON API for the request history: filtered (key, person, status, backend, time), paginated list and one
+request's detail, each row naming its person."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -24,6 +26,8 @@ MAX_PAGE = 500
 class RequestView(Struct):
     id: str
     key_id: int | None
+    user_id: int | None  # the person it counted against: their session, or one of their personal keys
+    username: str | None  # that person's user name (None for a service's key, or a person since deleted)
     model: str
     endpoint: str
     stream: bool
@@ -57,8 +61,13 @@ class RequestPage(Struct):
     offset: int
 
 
-def request_view(row: RequestRecord) -> RequestView:
-    return RequestView(**{name: getattr(row, name) for name in RequestView.__struct_fields__})
+_STORED = tuple(name for name in RequestView.__struct_fields__ if name != "username")
+
+
+def request_view(row: RequestRecord, usernames: Mapping[int, str]) -> RequestView:
+    """The row as the API shows it, its person named from `usernames` (Accounts.names)."""
+    username = usernames.get(row.user_id) if row.user_id is not None else None
+    return RequestView(username=username, **{name: getattr(row, name) for name in _STORED})
 
 
 def utc_time(raw: str | None, name: str) -> datetime | None:
@@ -84,7 +93,9 @@ def utc_time(raw: str | None, name: str) -> datetime | None:
 @get("/")
 async def list_requests(
     history: deps.History,
+    accounts: deps.Accounts,
     key_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
+    user_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
     status: FromQuery[str | None] = None,
     since: FromQuery[str | None] = None,
     until: FromQuery[str | None] = None,
@@ -96,14 +107,15 @@ async def list_requests(
         raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
     if backend is not None and not is_backend_name(backend):
         raise InvalidRequest(f"backend must be a backend's name of 1 to {BACKEND_MAX} characters", param="backend")
-    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"), backend)
+    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"), backend, user_id)
     rows, total = await history.list(filters, limit, offset)
-    return RequestPage([request_view(r) for r in rows], total, limit, offset)
+    usernames = await accounts.names()
+    return RequestPage([request_view(r, usernames) for r in rows], total, limit, offset)
 
 
 @get("/{request_id:str}")
-async def get_request(history: deps.History, request_id: FromPath[str]) -> RequestView:
-    return request_view(await history.get(request_id))
+async def get_request(history: deps.History, accounts: deps.Accounts, request_id: FromPath[str]) -> RequestView:
+    return request_view(await history.get(request_id), await accounts.names())
 
 
 def history_router(admin_guard: Guard) -> Router:

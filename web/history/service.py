@@ -22,6 +22,7 @@ class HistoryFilter:
     since: datetime | None = None
     until: datetime | None = None
     backend: str | None = None
+    user_id: int | None = None  # the person a request counted against (their session or any of their keys)
 
 
 # The history's one order: newest first, the id breaking ties, so pages and exports never skip or repeat a row.
@@ -55,6 +56,8 @@ def _conditions(filters: HistoryFilter) -> list[Any]:
         conditions.append(RequestRecord.arrival_at < filters.until)
     if filters.backend is not None:
         conditions.append(RequestRecord.backend == filters.backend)
+    if filters.user_id is not None:
+        conditions.append(RequestRecord.user_id == filters.user_id)
     return conditions
 
 

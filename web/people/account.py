@@ -15,7 +15,7 @@ from msgspec import Struct
 
 from web import deps
 from web.console.render import PRIVATE_HEADERS
-from web.keys.service import period_start
+from web.keys.service import KeyLimits, period_start
 from web.models import UserUsage, utcnow
 from web.people.guard import signed_in
 from web.people.personal_keys import PersonalKeys
@@ -27,24 +27,29 @@ class KeyForm(Struct, kw_only=True):
     csrf_token: str = ""
 
 
-async def usage_of(plans: Plans, user_id: int, now: datetime) -> dict[str, Any]:
-    """A person's limits and their usage this period (a period that has ended counts as nothing used yet)."""
-    user, limits, models = await plans.person_limits(user_id)
-    async with plans.sessions() as session:
-        usage = await session.get(UserUsage, user_id)
-    start = period_start(limits.quota_period, now, user.created_at)
+def usage_numbers(limits: KeyLimits, usage: UserUsage | None, created_at: datetime, now: datetime) -> dict[str, Any]:
+    """A person's usage this period against their limits (a period that has ended counts as nothing used yet),
+    and in all: their own page shows it, and the console's People page shows it for everyone."""
+    start = period_start(limits.quota_period, now, created_at)
     used = 0 if usage is None or usage.period_start < start else usage.used_tokens
     reserved = 0 if usage is None else usage.reserved_tokens
     remaining = None if limits.quota_tokens is None else max(limits.quota_tokens - used - reserved, 0)
     return {
         "limits": limits,
-        "models": models,
         "used": used,
         "reserved": reserved,
         "remaining": remaining,
         "total_tokens": 0 if usage is None else usage.total_tokens,
         "total_requests": 0 if usage is None else usage.total_requests,
     }
+
+
+async def usage_of(plans: Plans, user_id: int, now: datetime) -> dict[str, Any]:
+    """A person's limits, models and usage (usage_numbers)."""
+    user, limits, models = await plans.person_limits(user_id)
+    async with plans.sessions() as session:
+        usage = await session.get(UserUsage, user_id)
+    return {"models": models, **usage_numbers(limits, usage, user.created_at, now)}
 
 
 async def _page(

@@ -1,5 +1,6 @@
 """Accounts: people with a role (admin, user, pending), a scrypt password hash, a plan and their own overrides of
-it; created by the admin, imported from CSV, by invite or by sign-up; approved, suspended, re-passworded."""
+it; created by the admin, imported from CSV, by invite or by sign-up; approved, suspended, re-passworded, deleted.
+The last active admin can be neither suspended, demoted nor deleted."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from web.errors import InvalidRequest, NameTaken, NotFound
+from web.errors import InvalidRequest, LastAdmin, NameTaken, NotFound
 from web.models import User, UserUsage, WebSession, utcnow
 from web.people.passwords import check_new_password, hash_password
 from web.people.plans import check_overrides
@@ -54,6 +55,23 @@ def normal_username(username: str) -> str:
             param="username",
         )
     return name
+
+
+async def _active_admins(session: AsyncSession) -> set[int]:
+    """The admins who may sign in, locked until the transaction ends (FOR UPDATE on PostgreSQL; SQLite has one
+    writer at a time, and a transaction whose read went stale meanwhile cannot write)."""
+    active = select(User.id).where(User.role == "admin", User.suspended.is_(False)).with_for_update()
+    return set(await session.scalars(active))
+
+
+def _keep_an_admin(admins: set[int], row: User, gone: bool) -> None:
+    """Refuse a change that leaves no active admin: no one could run the console or approve anyone."""
+    still_admin = not gone and row.role == "admin" and not row.suspended
+    if row.id in admins and not still_admin and admins == {row.id}:
+        raise LastAdmin(
+            f"{row.username!r} is the last active admin: make another person an admin first",
+            param="user_id",
+        )
 
 
 def _check_role(role: str) -> None:
@@ -129,6 +147,11 @@ class Accounts:
         async with self.sessions() as session:
             return [Person.of(row) for row in await session.scalars(select(User).order_by(User.username))]
 
+    async def names(self) -> dict[int, str]:
+        """Every person's user name by id: the history and the live panel name a request's person."""
+        async with self.sessions() as session:
+            return {row.id: row.username for row in await session.execute(select(User.id, User.username))}
+
     async def set_role(self, user_id: int, role: str) -> Person:
         """Approving a pending sign-up is setting its role to user."""
         _check_role(role)
@@ -151,11 +174,25 @@ class Accounts:
         """A new password signs the person out everywhere: whoever knew the old one is out too."""
         return await self._change(user_id, password_hash=await hashed(password), sign_out=True)
 
+    async def delete(self, user_id: int) -> None:
+        """A person gone: their sessions, personal keys and usage with them (the database cascades); their history
+        rows stay, naming no one."""
+        async with self.sessions.begin() as session:
+            admins = await _active_admins(session)
+            row = await self._row(session, user_id)
+            _keep_an_admin(admins, row, gone=True)
+            await session.execute(delete(User).where(User.id == user_id))
+
     async def _change(self, user_id: int, sign_out: bool = False, **values: Any) -> Person:
         async with self.sessions.begin() as session:
+            # Read (and locked) before the change: two admins suspending each other at once on PostgreSQL
+            # would each see the other still active; the lock makes the second wait and see the first's change.
+            admins = await _active_admins(session) if values.keys() & {"role", "suspended"} else None
             row = await self._row(session, user_id)
             for name, value in values.items():
                 setattr(row, name, value)
+            if admins is not None:
+                _keep_an_admin(admins, row, gone=False)
             row.updated_at = utcnow()
             if sign_out:
                 await session.execute(delete(WebSession).where(WebSession.user_id == user_id))

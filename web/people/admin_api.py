@@ -1,11 +1,12 @@
 """Admin JSON API for people (HTTP Basic, like /admin/api/keys): list, create, import CSV, change role (approve),
-suspend, reset password, set plan; sign someone out everywhere; invite links."""
+suspend, reset password, set plan, delete; sign someone out everywhere; invite links. The last active admin can be
+neither suspended, demoted nor deleted (409 last_admin)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from litestar import Router, get, patch, post
+from litestar import Router, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 from litestar.types import Guard
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -138,6 +139,11 @@ async def update_person(accounts: deps.Accounts, user_id: FromPath[int], data: J
     return view(person)
 
 
+@delete("/users/{user_id:int}", status_code=204)
+async def delete_person(accounts: deps.Accounts, user_id: FromPath[int]) -> None:
+    await accounts.delete(user_id)
+
+
 @post("/users/{user_id:int}/sign-out", status_code=200)
 async def sign_out_everywhere(
     accounts: deps.Accounts, web_sessions: deps.WebSessions, user_id: FromPath[int]
@@ -161,6 +167,7 @@ def people_api(admin_guard: Guard) -> Router:
             import_people,
             get_person,
             update_person,
+            delete_person,
             sign_out_everywhere,
             create_invite,
         ],

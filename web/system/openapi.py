@@ -180,6 +180,8 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
         statuses.add(404)  # a plan_id that names no plan
     if path in ("/admin/api/users", "/admin/api/plans") and method == "post":
         statuses.add(409)  # a name taken
+    if path == "/admin/api/users/{user_id}" and method in ("patch", "delete"):
+        statuses.add(409)  # the last active admin suspended, demoted or deleted
     if path.startswith("/v1/") and method == "post":
         statuses |= {404, 429, 503}  # unknown model; key quota or concurrency; engine not ready or overloaded
     if path == "/ready":
@@ -191,7 +193,7 @@ def _describe_parameter(path: str, parameter: dict[str, Any]) -> None:
     """Ids within SQLite's integers, and the history filters as the server reads them."""
     name = parameter["name"]
     # Litestar writes a parameter's ge/le as floats: SQLite's largest integer, 2**63 - 1, would read 2**63.
-    if name == "key_id":
+    if name == "key_id" or (name == "user_id" and path == "/admin/api/requests"):
         ids = bounded(SQLITE_INT_MIN, SQLITE_INT_MAX)
         parameter["schema"] = ids if parameter["in"] == "path" else nullable(ids)
     elif name == "offset":
