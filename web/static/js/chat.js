@@ -1,14 +1,19 @@
-// The chat page: conversations in localStorage, a reply streamed token by token from /v1/chat/completions,
+// The chat page: conversations on the server (signed in) or in localStorage (with a key), a reply streamed token by token from /v1/chat/completions,
 // Stop, per-reply timings, errors in plain words. Text goes into the page only as DOM text or through the
 // Markdown renderer (markdown.js: raw HTML off, then sanitized into DOM nodes; no HTML string reaches the page).
 import { explain, fetchModel, streamChat, waitingText } from "./chat-api.js";
+import { ServerStore } from "./chat-server.js";
 import { Store, loadKey, saveKey } from "./chat-store.js";
 import { renderMarkdown } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
 const person = document.body.dataset.person || "";
 const csrf = document.querySelector('meta[name="csrf-token"]')?.content || "";
-const store = new Store(person);
+const showStatus = (text) => {
+  $("sync-status").textContent = text;
+  $("sync-status").hidden = !text;
+};
+const store = person ? new ServerStore(csrf, showStatus) : new Store();
 let apiKey = person ? "" : loadKey(); // signed in, the session speaks for the person: no key in the browser
 const auth = () => (csrf ? { "X-CSRF-Token": csrf } : { Authorization: `Bearer ${apiKey}` });
 let model = document.body.dataset.model || "";
@@ -62,9 +67,9 @@ function renderList() {
     const li = el("li", c.id === store.currentId ? "active" : "");
     const open = el("button", "open", c.title);
     open.type = "button";
-    open.addEventListener("click", () => {
+    open.addEventListener("click", async () => {
       if (running) return;
-      store.select(c.id);
+      await store.select(c.id);
       renderAll();
       document.body.classList.remove("sidebar-open");
     });
@@ -280,3 +285,4 @@ function bind() {
 
 bind();
 renderAll();
+store.load().then(renderAll);
