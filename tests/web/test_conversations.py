@@ -5,14 +5,15 @@ change."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
-from tests.web.conftest import InLoop, assert_openai_error, rows
+from tests.web.conftest import InLoop, assert_openai_error
+from web.models import ConversationMessage
 from web.people.conversations import MAX_CHARS, MAX_MESSAGES
 from web.people.guard import CSRF_HEADER, SESSION_COOKIE
 
@@ -50,7 +51,14 @@ async def erin(in_loop: InLoop) -> Person:
     return await person(in_loop, "erin")
 
 
-async def test_create_read_update_replace_and_delete(erin: Person, db: sqlite3.Connection) -> None:
+async def stored_messages(in_loop: InLoop) -> list[tuple[int, str]]:
+    """Every message row in the database (SQLite or PostgreSQL), in order."""
+    query = select(ConversationMessage.position, ConversationMessage.content).order_by(ConversationMessage.position)
+    async with in_loop.gateway.sessions() as session:
+        return [(position, content) for position, content in (await session.execute(query)).all()]
+
+
+async def test_create_read_update_replace_and_delete(in_loop: InLoop, erin: Person) -> None:
     created = await erin.create(title="Caches", system="Be brief.", temperature=0.2, max_tokens=300, messages=TURN)
     assert len(created["id"]) >= 22 and created["message_count"] == 2
     assert (created["title"], created["system"], created["temperature"], created["max_tokens"]) == (
@@ -81,12 +89,11 @@ async def test_create_read_update_replace_and_delete(erin: Person, db: sqlite3.C
 
     edited = [TURN[0], {"role": "assistant", "content": "Regenerated."}]
     await erin.call("PUT", f"{API}/{created['id']}/messages", json={"messages": edited})
-    stored = rows(db, "SELECT position, content FROM conversation_messages ORDER BY position")
-    assert [tuple(r) for r in stored] == [(0, TURN[0]["content"]), (1, "Regenerated.")]
+    assert await stored_messages(in_loop) == [(0, TURN[0]["content"]), (1, "Regenerated.")]
 
     assert (await erin.call("DELETE", f"{API}/{created['id']}")).status_code == 204
     assert_openai_error(await erin.call("GET", f"{API}/{created['id']}"), 404, "not_found")
-    assert rows(db, "SELECT * FROM conversation_messages") == [], "its messages went with it"
+    assert await stored_messages(in_loop) == [], "its messages went with it"
 
 
 async def test_a_new_conversation_takes_the_defaults(erin: Person) -> None:
