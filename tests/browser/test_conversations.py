@@ -1,6 +1,6 @@
 """Conversations on the server, in a real browser (Debian's chromium): a signed-in person chats, and the conversation
 is there after a reload and in a second browser signed in as the same person (nothing of it in the browser's
-storage); another person signed in on the same browser sees none of it."""
+storage), and the search finds it by its text; another person signed in on the same browser sees none of it."""
 
 from __future__ import annotations
 
@@ -71,6 +71,14 @@ def test_a_conversation_follows_its_person_and_no_one_else(page: Page, browser: 
     assert not problems.errors, problems.errors
     page.reload()
     expect(page.locator("#conversations li.active .open")).to_have_text("Lighthouse notes")
+    page.click("#new-chat")
+    with page.expect_response(_saved_messages, timeout=60_000):
+        send(page, "Another topic entirely")
+    expect(page.locator("#conversations li")).to_have_count(2)
+    page.fill("#search", "LIGHTHOUSE AT")  # the first message's text, in any case
+    expect(page.locator("#conversations li .open")).to_have_text(["Lighthouse notes"])
+    page.fill("#search", "")
+    expect(page.locator("#conversations li")).to_have_count(2)
 
     page.click("#sign-out button")
     page.wait_for_url("**/login")

@@ -62,6 +62,32 @@ export class ServerStore {
     }
   }
 
+  /** Narrows the list to the conversations whose title or messages hold `q` (the server searches them all); an
+   * empty `q` shows them all again. */
+  async search(q) {
+    this.query = q;
+    if (!q) {
+      this.matches = null;
+      return;
+    }
+    let found;
+    try {
+      found = await requestJson("GET", `${API}?limit=${LISTED}&q=${encodeURIComponent(q)}`);
+    } catch (err) {
+      this.onStatus(`The search failed. ${explain(err)}`);
+      return;
+    }
+    if (this.query !== q) return; // a later search has begun
+    const known = new Set(this.conversations.map((c) => c.id));
+    this.conversations.push(...found.data.map(fromServer).filter((c) => !known.has(c.id)));
+    this.matches = new Set(found.data.map((c) => c.id));
+  }
+
+  /** The list to show: all, or what the search found. */
+  get shown() {
+    return this.matches ? this.conversations.filter((c) => this.matches.has(c.id)) : this.conversations;
+  }
+
   /** Opens a conversation once its messages are here (until then the previous one stays open). */
   async select(id) {
     const c = this.conversations.find((x) => x.id === id);

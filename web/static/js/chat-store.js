@@ -56,6 +56,11 @@ export class Store {
   /** Everything is here already (the server's store loads). */
   async load() {}
 
+  /** The list to show (only the server's store searches). */
+  get shown() {
+    return this.conversations;
+  }
+
   get current() {
     return this.conversations.find((c) => c.id === this.currentId) || null;
   }

@@ -63,7 +63,7 @@ function renderMessages() {
 }
 
 function renderList() {
-  const items = store.conversations.map((c) => {
+  const items = store.shown.map((c) => {
     const li = el("li", c.id === store.currentId ? "active" : "");
     const open = el("button", "open", c.title);
     open.type = "button";
@@ -237,6 +237,10 @@ function bind() {
   $("stop").addEventListener("click", () => running && running.controller.abort());
   $("new-chat").addEventListener("click", () => {
     if (running) return;
+    if ($("search")?.value) {
+      $("search").value = ""; // the new chat is in no search's results
+      store.search("");
+    }
     store.create();
     renderAll();
     $("prompt").focus();
@@ -276,6 +280,12 @@ function bind() {
   $("sign-out")?.addEventListener("submit", () => {
     if (running) running.controller.abort();
     store.forget(); // before the form leaves: the next person at this browser finds nothing
+  });
+  let searching = null;
+  $("search")?.addEventListener("input", (event) => {
+    clearTimeout(searching);
+    const q = event.target.value.trim();
+    searching = setTimeout(() => store.search(q).then(renderList), 250);
   });
   $("toggle-sidebar").addEventListener("click", (event) => {
     const open = document.body.classList.toggle("sidebar-open");
