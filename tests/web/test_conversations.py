@@ -5,6 +5,7 @@ change."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,3 +247,14 @@ async def test_a_suspended_or_pending_person_keeps_nothing(in_loop: InLoop, erin
     assert found is not None
     await accounts.set_suspended(found.id, True)
     assert_openai_error(await erin.call("GET", API), 401, "session_expired")
+
+
+async def test_saves_from_two_browsers_at_once_take_turns(erin: Person) -> None:
+    """The last save wins whole: never a mix of two lists, never a refusal for having met another save."""
+    created = await erin.create(messages=TURN)
+    lists = [[*TURN, {"role": "user", "content": f"from browser {i}"}] for i in range(6)]
+    saves = [erin.call("PUT", f"{API}/{created['id']}/messages", json={"messages": m}) for m in lists]
+    answers = await asyncio.gather(*saves)
+    assert [a.status_code for a in answers] == [200] * len(lists), [a.text for a in answers]
+    final = (await erin.call("GET", f"{API}/{created['id']}")).json()["messages"]
+    assert [{"role": m["role"], "content": m["content"]} for m in final] in lists

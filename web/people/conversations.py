@@ -126,7 +126,7 @@ class Conversations:
     async def update(self, owner: int, conversation_id: str, **changes: Any) -> ConversationInfo:
         """Title, system prompt, temperature, max_tokens: those given change, the others stay."""
         async with self.sessions.begin() as session:
-            row = await self._row(session, owner, conversation_id)
+            row = await self._row(session, owner, conversation_id, change=True)
             for name, value in changes.items():
                 setattr(row, name, value)
             row.updated_at = utcnow()
@@ -139,7 +139,7 @@ class Conversations:
         check_size(messages)
         now = utcnow()
         async with self.sessions.begin() as session:
-            row = await self._row(session, owner, conversation_id)
+            row = await self._row(session, owner, conversation_id, change=True)
             stored = await self._messages(session, row.id)
             kept = 0
             while kept < min(len(stored), len(messages)) and (stored[kept].role, stored[kept].content) == (
@@ -159,7 +159,7 @@ class Conversations:
 
     async def delete(self, owner: int, conversation_id: str) -> None:
         async with self.sessions.begin() as session:
-            await session.delete(await self._row(session, owner, conversation_id))
+            await session.delete(await self._row(session, owner, conversation_id, change=True))
 
     async def delete_all(self, owner: int) -> int:
         """Every conversation of this person (and, by the foreign key, their messages); how many went."""
@@ -190,13 +190,13 @@ class Conversations:
         return [Message(r.role, r.content, r.created_at) for r in rows]
 
     @staticmethod
-    async def _row(session: AsyncSession, owner: int, conversation_id: str) -> Conversation:
-        """The owner's conversation; another's, or none, is the same 404."""
+    async def _row(session: AsyncSession, owner: int, conversation_id: str, change: bool = False) -> Conversation:
+        """The owner's conversation; another's, or none, is the same 404. To change it, its row is locked first
+        (PostgreSQL): two browsers saving it at once take turns instead of colliding on its message rows."""
         if not conversation_id or len(conversation_id) > MAX_ID_CHARS:
             raise _missing()
-        row = await session.scalar(
-            select(Conversation).where(Conversation.id == conversation_id, Conversation.user_id == owner)
-        )
+        query = select(Conversation).where(Conversation.id == conversation_id, Conversation.user_id == owner)
+        row = await session.scalar(query.with_for_update() if change else query)
         if row is None:
             raise _missing()
         return row
