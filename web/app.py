@@ -51,6 +51,8 @@ from web.ollama.routes import ollama_router
 from web.openai.routes import openai_router
 from web.people.accounts import Accounts
 from web.people.admin_api import people_api
+from web.people.conversations import Conversations
+from web.people.conversations_api import conversations_api
 from web.people.enrol import Enrolment
 from web.people.personal_keys import PersonalKeys
 from web.people.plans import Plans
@@ -99,6 +101,7 @@ class Gateway:
     personal_keys: PersonalKeys
     enrolment: Enrolment
     web_sessions: SessionStore
+    conversations: Conversations
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -178,6 +181,7 @@ def build_gateway(
         personal_keys=PersonalKeys(keys),
         enrolment=Enrolment(accounts, sessions, config.self_signup),
         web_sessions=SessionStore(sessions),
+        conversations=Conversations(sessions),
     )
 
 
@@ -231,6 +235,7 @@ def app_of(gateway: Gateway) -> Litestar:
         keys_router(admin),
         people_api(admin),
         plans_api(admin),
+        *conversations_api(gateway.web_sessions, admin),
         history_router(admin),
         backends_api(admin),
     ]

@@ -20,6 +20,7 @@ from web.keys.service import KeyService
 from web.keys.views import KeyViews
 from web.ledger import Ledger as _Ledger
 from web.people.accounts import Accounts as _Accounts
+from web.people.conversations import Conversations as _Conversations
 from web.people.enrol import Enrolment as _Enrolment
 from web.people.personal_keys import PersonalKeys as _PersonalKeys
 from web.people.plans import Plans as _Plans
@@ -32,6 +33,7 @@ Accounts = NamedDependency[_Accounts]
 Admin = NamedDependency[AdminAuth]
 Enrolment = NamedDependency[_Enrolment]
 Config = NamedDependency[WebConfig]
+Conversations = NamedDependency[_Conversations]
 Embedder = NamedDependency[_Embedder]
 Gate = NamedDependency[EngineGate]
 Generations = NamedDependency[_Generations]

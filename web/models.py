@@ -1,5 +1,5 @@
 """The SQLite tables: API keys and their quota state, the request history, stored Responses API answers, engine
-samples, people (users, their plans, sessions and invites)."""
+samples, people (users, their plans, sessions, invites and conversations)."""
 
 from __future__ import annotations
 
@@ -251,3 +251,32 @@ class StoredResponse(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     body: Mapped[str] = mapped_column(Text)
     conversation: Mapped[str] = mapped_column(Text)
+
+
+class Conversation(Base):
+    """A person's saved chat (the chat page's, signed in): its title, system prompt and sampling settings. The id is
+    random (no one counts their way to another's); it goes with its person."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_user_id_updated_at", "user_id", "updated_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    title: Mapped[str] = mapped_column(String(200))
+    system: Mapped[str] = mapped_column(Text)
+    temperature: Mapped[float] = mapped_column(Float)
+    max_tokens: Mapped[int | None] = mapped_column(BigCount)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ConversationMessage(Base):
+    """One turn of a conversation, in order (position from 0)."""
+
+    __tablename__ = "conversation_messages"
+
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

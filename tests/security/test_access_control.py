@@ -51,6 +51,7 @@ API_KEY, ADMIN_ONLY, METRICS, PUBLIC, CONSOLE, LOGIN_FORM, PERSON = (
     "a person's session",
 )
 KEY_OR_SESSION = "user key, or a person's session with its CSRF header"  # what the chat page calls
+PERSON_API = "a person's session, with its CSRF header on changes"  # the chat page's saved conversations
 PERSON_PATHS = ("/logout", "/logout-everywhere", "/account", "/account/keys", "/account/keys/{key_id:int}/revoke")
 
 
@@ -60,6 +61,8 @@ def policy(path: str) -> str:
         return PUBLIC
     if path in ("/v1/chat/completions", "/v1/models"):
         return KEY_OR_SESSION
+    if path == "/api/conversations" or path.startswith("/api/conversations/"):
+        return PERSON_API
     if path.startswith(("/v1/", "/api/")):
         return API_KEY
     if path.startswith("/admin/api/"):
@@ -137,6 +140,15 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("DELETE", "/admin/api/users/{user_id:int}"): Call(204),
     ("POST", "/admin/api/users/{user_id:int}/sign-out"): Call(200),
     ("POST", "/admin/api/invites"): Call(201, json={}),
+    ("DELETE", "/admin/api/users/{user_id:int}/conversations"): Call(200),
+    ("GET", "/api/conversations"): Call(200),
+    ("POST", "/api/conversations"): Call(201, json={}),
+    ("DELETE", "/api/conversations"): Call(200),
+    # No conversation of the session's person has this id: past the guard, a 404 (test_conversations_isolation).
+    ("GET", "/api/conversations/{conversation_id:str}"): Call(404),
+    ("PATCH", "/api/conversations/{conversation_id:str}"): Call(404, json={}),
+    ("PUT", "/api/conversations/{conversation_id:str}/messages"): Call(404, json={"messages": []}),
+    ("DELETE", "/api/conversations/{conversation_id:str}"): Call(404),
     ("GET", "/login"): Call(200),
     ("POST", "/login"): Call(403, form={"username": "admin", "password": ADMIN_PASSWORD}),  # no form token
     ("GET", "/signup"): Call(403),  # closed unless the operator opens it
@@ -211,9 +223,9 @@ CREDENTIALS = [
     Credential(
         "admin session",
         lambda a, s: {"Cookie": f"{SESSION_COOKIE}={s.cookie}", CSRF_HEADER: s.csrf},
-        {CONSOLE, PERSON, KEY_OR_SESSION},
+        {CONSOLE, PERSON, KEY_OR_SESSION, PERSON_API},
     ),
-    Credential("person session", lambda a, s: _person_session(a), {PERSON, KEY_OR_SESSION}),
+    Credential("person session", lambda a, s: _person_session(a), {PERSON, KEY_OR_SESSION, PERSON_API}),
 ]
 
 
@@ -251,6 +263,7 @@ def _path(template: str, fixtures: Fixtures) -> str:
         .replace("{user_id:int}", str(fixtures.user_id))
         .replace("{plan_id:int}", "999999")
         .replace("{token:str}", "no-such-invite")
+        .replace("{conversation_id:str}", "no-such-conversation")
         .replace("{file_path:path}", _static_file(folder) if folder else "")
     )
 
@@ -275,6 +288,8 @@ def _assert_refused(response: Any, rule: str, credential: Credential, path: str)
     elif rule == PERSON:
         assert response.status_code == 303, where
         assert response.headers["location"].startswith("/login?next="), where
+    elif rule == PERSON_API:  # under /api/, but the app's own shape (not Ollama's)
+        assert_openai_error(response, 401)
     elif path.startswith("/v1/messages"):  # the Anthropic API's own error shape
         assert response.status_code == 401, where
         assert response.json()["error"]["type"] == "authentication_error", where

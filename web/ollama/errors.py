@@ -1,5 +1,6 @@
-"""Errors in Ollama's shape, `{"error": "..."}`, on every answer under /api/: the app's one mapping (web/errors.py)
-decides the refusal and its status, this module only restates it (Ollama's clients read `error`)."""
+"""Errors in Ollama's shape, `{"error": "..."}`, on every answer under /api/ (but the chat page's own
+/api/conversations, which answers in the app's shape): the app's one mapping (web/errors.py) decides the refusal and
+its status, this module only restates it (Ollama's clients read `error`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from web.ollama.schemas import Error
 from web.ollama.streaming import line
 
 PREFIX = "/api/"
+NOT_OLLAMA = "/api/conversations"  # web/people/conversations_api.py
 Handler = Callable[[Request[Any, Any, Any], Any], Response[Any]]
 
 
@@ -26,6 +28,10 @@ def error_line(error: AppError) -> bytes:
     return line(Error(message_of(error.message, error.param)))
 
 
+def _not_ollama(path: str) -> bool:
+    return path == NOT_OLLAMA or path.startswith(NOT_OLLAMA + "/")
+
+
 def on_ollama_paths(handlers: Mapping[int | type[Exception], Handler]) -> dict[int | type[Exception], Handler]:
     """The app's exception handlers, answering in Ollama's shape under /api/ (Litestar's own refusals there, an
     unknown route or a wrong method, included)."""
@@ -34,7 +40,8 @@ def on_ollama_paths(handlers: Mapping[int | type[Exception], Handler]) -> dict[i
         def handle(request: Request[Any, Any, Any], exc: Any) -> Response[Any]:
             response = handler(request, exc)
             # An error body to restate: a client gone early gets an empty 499, which is left as it is.
-            if isinstance(response.content, dict) and request.url.path.startswith(PREFIX):
+            path = request.url.path
+            if isinstance(response.content, dict) and path.startswith(PREFIX) and not _not_ollama(path):
                 error = response.content["error"]
                 body = {"error": message_of(error["message"], error.get("param"))}
                 return Response(body, status_code=response.status_code, headers=dict(response.headers))

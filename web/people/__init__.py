@@ -1,1 +1,2 @@
-"""People: accounts with roles and plans, their passwords, sign-in and server-side sessions, invites."""
+"""People: accounts with roles and plans, their passwords, sign-in and server-side sessions, invites, and their
+saved conversations."""

@@ -41,6 +41,7 @@ export function explain(err) {
     if (err.code === "revoked_api_key") return "This API key has been revoked. Ask the operator for a new key.";
     if (err.code === "missing_api_key") return "Enter your API key in the settings first.";
     if (err.code === "session_expired") return "Your session has ended. Sign in again.";
+    if (err.code === "csrf_token_invalid") return "This page is out of date. Reload it.";
     return "The API key was not accepted. Check it in the settings.";
   }
   if (err.type === "insufficient_quota" || err.code === "insufficient_quota") {
@@ -130,6 +131,17 @@ export async function streamChat({ auth, body, signal, onDelta, onQueued }) {
     }
     if (done) return result;
   }
+}
+
+/** One JSON call to the appliance (the saved conversations' API): the parsed answer (null for 204), or ApiError. */
+export async function requestJson(method, path, { headers = {}, body } = {}) {
+  const response = await fetch(path, {
+    method,
+    headers: { ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...headers },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (!response.ok) throw await errorOf(response);
+  return response.status === 204 ? null : response.json();
 }
 
 export async function fetchModel(auth) {

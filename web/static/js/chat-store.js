@@ -1,6 +1,6 @@
-// The chat's state in the browser's localStorage: the API key (signed out), and the conversations (messages,
-// system prompt, sampling settings), apart per signed-in person and removed at their sign-out. Nothing of it
-// leaves the browser except in the requests the user sends.
+// The chat's state in the browser's localStorage, signed out: the API key and the conversations (messages,
+// system prompt, sampling settings). Nothing of it leaves the browser except in the requests the user sends.
+// (Signed in, conversations live on the server: chat-server.js.)
 
 const KEY_ITEM = "appliance.apiKey";
 const CHATS_ITEM = "appliance.conversations.v1";
@@ -44,9 +44,8 @@ function normalize(c) {
 }
 
 export class Store {
-  /** `person`: the signed-in person's name; their conversations are kept apart from anyone else's. */
-  constructor(person = "") {
-    this.item = person ? `${CHATS_ITEM}.${person}` : CHATS_ITEM;
+  constructor() {
+    this.item = CHATS_ITEM;
     const saved = read(this.item, null);
     const list = saved && Array.isArray(saved.conversations) ? saved.conversations.map(normalize) : [];
     this.conversations = list;
@@ -54,12 +53,12 @@ export class Store {
     if (!this.current) this.create();
   }
 
-  /** Signing out: nothing of this person's conversations stays in the browser for the next one. */
-  forget() {
-    this.forgotten = true; // a reply stopped on the way out must not write them back
-    localStorage.removeItem(this.item);
-    this.conversations = [];
-    this.currentId = null;
+  /** Everything is here already (the server's store loads). */
+  async load() {}
+
+  /** The list to show (only the server's store searches). */
+  get shown() {
+    return this.conversations;
   }
 
   get current() {
@@ -67,7 +66,6 @@ export class Store {
   }
 
   save() {
-    if (this.forgotten) return;
     try {
       localStorage.setItem(this.item, JSON.stringify({ conversations: this.conversations, currentId: this.currentId }));
     } catch {

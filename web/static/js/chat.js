@@ -1,14 +1,19 @@
-// The chat page: conversations in localStorage, a reply streamed token by token from /v1/chat/completions,
+// The chat page: conversations on the server (signed in) or in localStorage (with a key), a reply streamed token by token from /v1/chat/completions,
 // Stop, per-reply timings, errors in plain words. Text goes into the page only as DOM text or through the
 // Markdown renderer (markdown.js: raw HTML off, then sanitized into DOM nodes; no HTML string reaches the page).
 import { explain, fetchModel, streamChat, waitingText } from "./chat-api.js";
+import { ServerStore } from "./chat-server.js";
 import { Store, loadKey, saveKey } from "./chat-store.js";
 import { renderMarkdown } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
 const person = document.body.dataset.person || "";
 const csrf = document.querySelector('meta[name="csrf-token"]')?.content || "";
-const store = new Store(person);
+const showStatus = (text) => {
+  $("sync-status").textContent = text;
+  $("sync-status").hidden = !text;
+};
+const store = person ? new ServerStore(csrf, showStatus) : new Store();
 let apiKey = person ? "" : loadKey(); // signed in, the session speaks for the person: no key in the browser
 const auth = () => (csrf ? { "X-CSRF-Token": csrf } : { Authorization: `Bearer ${apiKey}` });
 let model = document.body.dataset.model || "";
@@ -58,13 +63,13 @@ function renderMessages() {
 }
 
 function renderList() {
-  const items = store.conversations.map((c) => {
+  const items = store.shown.map((c) => {
     const li = el("li", c.id === store.currentId ? "active" : "");
     const open = el("button", "open", c.title);
     open.type = "button";
-    open.addEventListener("click", () => {
+    open.addEventListener("click", async () => {
       if (running) return;
-      store.select(c.id);
+      await store.select(c.id);
       renderAll();
       document.body.classList.remove("sidebar-open");
     });
@@ -232,6 +237,10 @@ function bind() {
   $("stop").addEventListener("click", () => running && running.controller.abort());
   $("new-chat").addEventListener("click", () => {
     if (running) return;
+    if ($("search")?.value) {
+      $("search").value = ""; // the new chat is in no search's results
+      store.search("");
+    }
     store.create();
     renderAll();
     $("prompt").focus();
@@ -272,6 +281,12 @@ function bind() {
     if (running) running.controller.abort();
     store.forget(); // before the form leaves: the next person at this browser finds nothing
   });
+  let searching = null;
+  $("search")?.addEventListener("input", (event) => {
+    clearTimeout(searching);
+    const q = event.target.value.trim();
+    searching = setTimeout(() => store.search(q).then(renderList), 250);
+  });
   $("toggle-sidebar").addEventListener("click", (event) => {
     const open = document.body.classList.toggle("sidebar-open");
     event.currentTarget.setAttribute("aria-expanded", String(open));
@@ -280,3 +295,4 @@ function bind() {
 
 bind();
 renderAll();
+store.load().then(renderAll);
