@@ -59,8 +59,10 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
-# One worker: two (pytest -n 2 --dist loadgroup, which the xdist groups in tests/conftest.py allow) have not yet
-# been measured on a quiet machine, and timed out once under load. `pytest -m "not slow"` is the quick tier.
+# One worker: two (pytest -n 2 --dist loadgroup, which the xdist groups in tests/conftest.py allow) were measured
+# from a fresh clone on the quiet 2-core machine and lose: 30% of the tests in 22 min against the whole suite in 35
+# min on one (each worker's torch and servers contend for the same two cores). `pytest -m "not slow"` is the quick
+# tier.
 pytest: sysdeps-test setup vllm-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
