@@ -59,10 +59,10 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
-# One worker: two (pytest -n 2 --dist loadgroup, which the xdist groups in tests/conftest.py allow) were measured
-# from a fresh clone on the quiet 2-core machine and lose: 30% of the tests in 22 min against the whole suite in 35
-# min on one (each worker's torch and servers contend for the same two cores). `pytest -m "not slow"` is the quick
-# tier.
+# One worker: two (pytest -n 2 --dist loadgroup, which the xdist groups in tests/conftest.py allow) were tried from a
+# fresh clone on the quiet 2-core machine and had not yet paid when stopped: 30% of the tests after 22 min, as one
+# worker, and each worker had started a vLLM server of its own (the groups did not keep the vLLM fixtures on one
+# worker). `pytest -m "not slow"` is the quick tier.
 pytest: sysdeps-test setup vllm-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
