@@ -20,7 +20,7 @@ from litestar.types import Guard
 from web import deps
 from web.anthropic import document as anthropic_document
 from web.generation.gate import EngineGate
-from web.history.record import STATUSES
+from web.history.record import BACKEND_MAX, STATUSES
 from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.ollama import document as ollama_document
 from web.openai.embeddings import INPUT_SCHEMA, EmbeddingList, EmbeddingRequest
@@ -202,6 +202,10 @@ def _describe_parameter(path: str, parameter: dict[str, Any]) -> None:
         return
     if name == "status":
         parameter["schema"] = nullable({"enum": list(STATUSES)})
+    elif name == "backend":  # as is_backend_name reads it: no NUL (PostgreSQL refuses one in a query's text)
+        parameter["schema"] = nullable(
+            {"type": "string", "minLength": 1, "maxLength": BACKEND_MAX, "pattern": "^[^\\x00]*$"}
+        )
     elif name in ("since", "until"):
         seconds = {"type": "number", "minimum": FIRST_SECOND, "exclusiveMaximum": END_SECOND}
         parameter["schema"] = {"anyOf": [{"type": "string", "format": "date-time"}, seconds]}
