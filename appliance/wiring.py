@@ -6,7 +6,7 @@ import logging
 from socket import gethostname
 
 from appliance.models.catalogue import LocalModels
-from appliance.settings import Settings, load_settings
+from appliance.settings import Settings, load_settings, oidc_config
 from appliance.vllm.engine import VllmEngineClient
 from engine import AsyncEmbeddingClient, AsyncEngineClient, EmbeddingConfig, EngineConfig, EngineError
 from web.app import Gateway
@@ -93,6 +93,7 @@ def web_config(settings: Settings) -> WebConfig:
         drain_timeout=settings.drain_timeout,
         admin_password=settings.admin_password,
         self_signup=settings.self_signup,
+        oidc=oidc_config(settings),
         metrics_token=settings.metrics_token,
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,

@@ -33,7 +33,7 @@ pytest_plugins = ["tests.peers.vllm"]
 TESTS = Path(__file__).resolve().parent
 # Folders whose every test starts real processes (servers, a browser, PostgreSQL, an install): `pytest -m "not
 # slow"` leaves them out of the edit loop; `make test` and CI run everything.
-SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness", "clients"})
+SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness", "clients", "people"})
 # Fixtures that are real processes: a test that takes one is slow wherever it lives.
 VLLM_FIXTURES = frozenset({"vllm_model", "vllm_server"})
 REAL_SERVERS = frozenset({"server", "keeping_server", "served", "fleet"}) | VLLM_FIXTURES

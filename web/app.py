@@ -54,6 +54,8 @@ from web.people.admin_api import people_api
 from web.people.conversations import Conversations
 from web.people.conversations_api import conversations_api
 from web.people.enrol import Enrolment
+from web.people.oidc.routes import oidc_router
+from web.people.oidc.service import SingleSignOn
 from web.people.personal_keys import PersonalKeys
 from web.people.plans import Plans
 from web.people.plans_api import plans_api
@@ -102,6 +104,7 @@ class Gateway:
     enrolment: Enrolment
     web_sessions: SessionStore
     conversations: Conversations
+    sso: SingleSignOn | None = None  # single sign-on, where a provider is configured
 
     def dependencies(self) -> dict[str, Provide]:
         return {f.name: _provider(getattr(self, f.name)) for f in fields(self)}
@@ -182,6 +185,7 @@ def build_gateway(
         enrolment=Enrolment(accounts, sessions, config.self_signup),
         web_sessions=SessionStore(sessions),
         conversations=Conversations(sessions),
+        sso=None if config.oidc is None else SingleSignOn.of(config.oidc, accounts, sessions),
     )
 
 
@@ -240,9 +244,10 @@ def app_of(gateway: Gateway) -> Litestar:
         backends_api(admin),
     ]
     browser = pages(gateway.web_sessions)  # the chat page, the admin console, their templates and static files
+    sign_on = [oidc_router()] if gateway.sso is not None else []
     dependencies = gateway.dependencies()
     app = Litestar(
-        route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers],
+        route_handlers=[*api, document_router(api, admin, dependencies), *browser.route_handlers, *sign_on],
         dependencies=dependencies,
         template_config=browser.template_config,
         exception_handlers=on_ollama_paths(on_messages_paths(EXCEPTION_HANDLERS)),

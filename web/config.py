@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from web.backends.spec import LOCAL_ONLY, Backends
+from web.people.oidc.config import OidcConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +34,4 @@ class WebConfig:
     # Seats the gateway counts on the local engine (the managed vLLM's max_num_seqs: its own queue is first come,
     # first served, so the rest wait in the gateway's fair queue); None for the embedded engine, which is fair.
     local_max_in_flight: int | None = None
+    oidc: OidcConfig | None = None  # single sign-on with the organisation's OpenID Connect provider (None: off)

@@ -22,6 +22,7 @@ from web.ledger import Ledger as _Ledger
 from web.people.accounts import Accounts as _Accounts
 from web.people.conversations import Conversations as _Conversations
 from web.people.enrol import Enrolment as _Enrolment
+from web.people.oidc.service import SingleSignOn as _SingleSignOn
 from web.people.personal_keys import PersonalKeys as _PersonalKeys
 from web.people.plans import Plans as _Plans
 from web.people.sessions import SessionStore
@@ -50,5 +51,6 @@ Prompts = NamedDependency[_Prompts]
 Responses = NamedDependency[ResponseStore]
 Router = NamedDependency[_Router]
 Sessions = NamedDependency[async_sessionmaker[AsyncSession]]
+SingleSignOn = NamedDependency[_SingleSignOn]  # provided (as `sso`) only where a provider is configured
 Views = NamedDependency[KeyViews]
 WebSessions = NamedDependency[SessionStore]

@@ -280,3 +280,15 @@ class ConversationMessage(Base):
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class OidcIdentity(Base):
+    """The stable link from a person at the organisation's identity provider (its issuer and their `sub`, which
+    never changes, unlike a user name or an email) to their account here (web/people/oidc)."""
+
+    __tablename__ = "oidc_identities"
+
+    issuer: Mapped[str] = mapped_column(String(255), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

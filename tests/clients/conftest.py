@@ -4,20 +4,17 @@ them: their instructions and tool lists run to 10-20k tokens, more than the bund
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.npm import npm_installed
 from tests.web.server import Server, serving
 
 HERE = Path(__file__).resolve().parent
-LOCK = HERE / "package-lock.json"
 # Codex's launcher (Node) runs its package's native executable; Claude Code's launcher needs its postinstall, which
 # `--ignore-scripts` leaves out (nothing from the registry runs at install), so its native executable is run as is.
 CODEX = "node_modules/.bin/codex"
@@ -36,20 +33,7 @@ class Agents:
 def agents() -> Agents:
     """codex and claude from the npm registry, installed once per lock file into the test cache (800 MB: kept
     between runs, outside the clone)."""
-    if shutil.which("npm") is None:
-        pytest.fail("npm is needed for the agent CLIs' tests (make sysdeps-test installs it)")
-    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:16]
-    root = Path(os.environ["LLM_APPLIANCE_TEST_CACHE"]) / "npm-clients" / digest
-    stamp = root / ".installed"
-    if not stamp.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(HERE / name, root / name)
-        subprocess.run(
-            ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=root, check=True, timeout=600,
-        )  # fmt: skip
-        stamp.touch()
+    root = npm_installed(HERE, "npm-clients")
     found = Agents(codex=root / CODEX, claude=root / CLAUDE)
     for path in (found.codex, found.claude):
         assert os.access(path, os.X_OK), f"{path} is not an executable: did the package's layout change?"

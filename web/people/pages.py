@@ -17,6 +17,7 @@ from litestar.types import Guard
 from msgspec import Struct
 
 from web import deps
+from web.config import WebConfig
 from web.console.render import PAGE_HEADERS, PRIVATE_HEADERS, error_page
 from web.errors import AppError, RateLimited, SignInFailed
 from web.people.account import account_page, create_own_key, revoke_own_key
@@ -41,6 +42,7 @@ def form_page(
     action: str | None,
     *,
     signup_open: bool = False,
+    sso: str | None = None,
     error: str | None = None,
     notice: str | None = None,
     username: str = "",
@@ -57,6 +59,7 @@ def form_page(
         "username": username,
         "form_token": token,
         "signup_open": signup_open,
+        "sso": sso,  # the identity provider's name on the "Sign in with" button; None: no single sign-on
     }
     page = Template(
         "people/form.html", context=context, status_code=status_code, headers={**PRIVATE_HEADERS, **(headers or {})}
@@ -85,14 +88,23 @@ Form = Annotated[PersonForm, Body(media_type=RequestEncodingType.URL_ENCODED)]
 EXPIRED = "The form expired. Please try again."
 
 
+def sso_name(config: WebConfig) -> str | None:
+    return None if config.oidc is None else config.oidc.name
+
+
 @get("/login")
-async def login_page(request: HTMXRequest, enrolment: deps.Enrolment) -> Template:
-    return form_page(request, "Sign in", "/login", signup_open=enrolment.self_signup)
+async def login_page(request: HTMXRequest, enrolment: deps.Enrolment, config: deps.Config) -> Template:
+    return form_page(request, "Sign in", "/login", signup_open=enrolment.self_signup, sso=sso_name(config))
 
 
 @post("/login")
 async def login(
-    request: HTMXRequest, admin: deps.Admin, web_sessions: deps.WebSessions, enrolment: deps.Enrolment, data: Form
+    request: HTMXRequest,
+    admin: deps.Admin,
+    web_sessions: deps.WebSessions,
+    enrolment: deps.Enrolment,
+    config: deps.Config,
+    data: Form,
 ) -> Response[Any]:
     def again(error: str, status_code: int, **headers: str) -> Template:
         return form_page(
@@ -100,6 +112,7 @@ async def login(
             "Sign in",
             "/login",
             signup_open=enrolment.self_signup,
+            sso=sso_name(config),
             error=error,
             username=data.username[:64],
             status_code=status_code,

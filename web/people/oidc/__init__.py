@@ -1,0 +1,1 @@
+"""Single sign-on with the organisation's OpenID Connect provider: its settings, the flow, and the accounts it makes."""
