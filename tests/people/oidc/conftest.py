@@ -4,11 +4,7 @@ in this event loop, every other host (the provider) over the network."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,55 +17,23 @@ import pytest
 import pytest_asyncio
 from litestar import Litestar
 
-from tests.npm import npm_installed
+from tests.people.oidc.provider import CLIENT_ID, CLIENT_SECRET, Provider, running_provider
 from tests.web.conftest import lifespan, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway
 from web.keys.service import KeyLimits
 from web.people.oidc.config import WELL_KNOWN, OidcConfig
 
-HERE = Path(__file__).resolve().parent
-CLIENT_ID = "appliance"
-CLIENT_SECRET = "client-secret-for-tests"
 GATEWAY = "http://appliance"
 CALLBACK = f"{GATEWAY}/auth/oidc/callback"
 FORM_ACTION = re.compile(r'<form[^>]*action="([^"]+)"')
 Rewrite = Callable[[str], str]
 
 
-@dataclass(frozen=True)
-class Provider:
-    issuer: str
-    people_file: Path
-
-    def set_people(self, people: dict[str, dict[str, Any]]) -> None:
-        """Each person's claims by login name (their `sub`), read by the provider at every sign-in."""
-        self.people_file.write_text(json.dumps(people))
-
-
 @pytest.fixture(scope="module")
 def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
-    root = npm_installed(HERE, "npm-oidc-provider")
-    work = tmp_path_factory.mktemp("oidc-provider")
-    shutil.copy(HERE / "provider.mjs", work / "provider.mjs")
-    (work / "node_modules").symlink_to(root / "node_modules")  # ESM resolves packages beside the script
-    people, log = work / "people.json", work / "provider.log"
-    people.write_text("{}")
-    env = {**os.environ, "CLAIMS_FILE": str(people), "REDIRECT_URI": CALLBACK}
-    env |= {"CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            ["node", "provider.mjs"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-    try:
-        assert process.stdout is not None
-        port = process.stdout.readline().strip()
-        if not port.isdigit():
-            pytest.fail(f"the OpenID Provider did not start: {log.read_text()}")
-        yield Provider(f"http://127.0.0.1:{port}", people)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with running_provider(tmp_path_factory.mktemp("oidc-provider"), CALLBACK) as running:
+        yield running
 
 
 def oidc_config(provider: Provider, **overrides: Any) -> OidcConfig:

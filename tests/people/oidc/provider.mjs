@@ -10,10 +10,11 @@ import { generateKeyPairSync } from 'node:crypto';
 import { createServer } from 'node:http';
 import Provider from 'oidc-provider';
 
-const { CLAIMS_FILE, REDIRECT_URI, CLIENT_ID, CLIENT_SECRET } = process.env;
+const { CLAIMS_FILE, REDIRECT_URI, CLIENT_ID, CLIENT_SECRET, ISSUER_HOST = '127.0.0.1' } = process.env;
 const server = createServer();
 await new Promise((resolve) => { server.listen(0, '127.0.0.1', resolve); });
-const issuer = `http://127.0.0.1:${server.address().port}`;
+// ISSUER_HOST=localhost makes the provider another site than an appliance at 127.0.0.1, as in real life.
+const issuer = `http://${ISSUER_HOST}:${server.address().port}`;
 const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
 
 const provider = new Provider(issuer, {

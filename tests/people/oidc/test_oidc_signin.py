@@ -12,7 +12,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from tests.people.oidc.conftest import GATEWAY, Provider, Site, site_for, sso_sign_in
+from tests.people.oidc.conftest import GATEWAY, Site, site_for, sso_sign_in
+from tests.people.oidc.provider import Provider
 from tests.web.conftest import ADMIN_PASSWORD
 from web.models import OidcIdentity, User, WebSession
 from web.people.oidc.config import WELL_KNOWN
@@ -139,7 +140,7 @@ async def test_an_id_token_for_another_nonce_is_refused(provider: Provider, site
     sessions = await session_count(site)
     async with site.browser() as browser:
         response = await sso_sign_in(browser, "u-frank", authorize=lambda url: with_param(url, "nonce", "replayed"))
-        assert_refused(response, 403, "ID token was refused")
+        assert_refused(response, 403, "Invalid claim &#39;nonce&#39;")
     assert "frank" not in await people(site) and await session_count(site) == sessions
 
 
