@@ -99,9 +99,10 @@ class OidcClient:
                 raise SignOnFailed("the identity provider did not confirm the sign-in") from None
         if "id_token" not in token:
             raise SignOnFailed("the identity provider sent no ID token")
-        return self._checked(token, jwks, metadata, flow.nonce)
+        return self.id_token_claims(token, jwks, metadata, flow.nonce)
 
-    def _checked(self, token: dict[str, Any], jwks: Any, metadata: dict[str, Any], nonce: str) -> dict[str, Any]:
+    def id_token_claims(self, token: dict[str, Any], jwks: Any, metadata: dict[str, Any], nonce: str) -> dict[str, Any]:
+        """The claims of the token response's ID token, if the provider's keys signed it for this client and sign-in."""
         offered = metadata.get("id_token_signing_alg_values_supported") or ["RS256"]
         jwt = JsonWebToken([alg for alg in offered if alg in ASYMMETRIC])
         options = {
