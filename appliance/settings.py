@@ -19,6 +19,7 @@ from sqlalchemy.exc import ArgumentError
 
 from web.backends.spec import BackendSpecError, parse_backends
 from web.db import redacted_url, sqlite_url
+from web.keys.keyless import PRIVATE_NETWORKS, parse_networks
 from web.people.oidc.config import OidcConfig, OidcConfigError, check_discovery_url, parse_group_plans
 
 PREFIX = "APPLIANCE_"
@@ -133,6 +134,17 @@ class Settings:
         False, "People may sign up at /signup; their accounts wait, pending, until the admin approves them."
     )
     metrics_token: str | None = setting(None, "Bearer token that may read /metrics (besides the admin).", secret=True)
+    keyless_key_id: int | None = setting(
+        None,
+        "An API key's id: requests to the API routes with no key (and no session) from KEYLESS_NETWORKS run as "
+        "that key (its caps, quota and history), for clients that cannot send one (GitHub Copilot's Ollama "
+        "provider). Empty: every request needs a key.",
+    )
+    keyless_networks: str = setting(
+        PRIVATE_NETWORKS,
+        "Comma-separated addresses or CIDRs whose requests may come without a key once KEYLESS_KEY_ID is set.",
+        default_doc="loopback and the private ranges",
+    )
     max_body_bytes: int = setting(4 << 20, "Largest accepted request body in bytes (413 beyond).")
     default_max_tokens: int = setting(
         1024, "max_tokens applied when neither the request nor its key sets one (capped by the context)."
@@ -354,6 +366,12 @@ def _check(s: Settings) -> None:
         raise SettingsError(f"{PREFIX}SERVED_MODEL_NAME must not be blank")
     if s.database_url is not None:
         _check_database_url(s.database_url)
+    try:
+        parse_networks(s.keyless_networks)
+    except ValueError as exc:
+        raise SettingsError(f"{PREFIX}KEYLESS_NETWORKS: {exc}") from None
+    if s.keyless_key_id is not None and s.keyless_key_id < 1:
+        raise SettingsError(f"{PREFIX}KEYLESS_KEY_ID must be a key's id (at least 1), not {s.keyless_key_id}")
     try:
         parse_backends(s.backends)
     except BackendSpecError as exc:

@@ -16,6 +16,7 @@ from web.backends.spec import parse_backends
 from web.config import WebConfig
 from web.db import is_sqlite
 from web.generation.backend import EngineClient
+from web.keys.keyless import Keyless, parse_networks
 
 log = logging.getLogger("appliance.wiring")
 NO_EMBEDDINGS = "none"
@@ -95,6 +96,7 @@ def web_config(settings: Settings) -> WebConfig:
         self_signup=settings.self_signup,
         oidc=oidc_config(settings),
         metrics_token=settings.metrics_token,
+        keyless=Keyless(settings.keyless_key_id, parse_networks(settings.keyless_networks)),
         max_body_bytes=settings.max_body_bytes,
         default_max_tokens=settings.default_max_tokens,
         trim_max_tokens=settings.max_tokens_policy == "trim",

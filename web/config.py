@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from web.backends.spec import LOCAL_ONLY, Backends
+from web.keys.keyless import NO_KEYLESS, Keyless
 from web.people.oidc.config import OidcConfig
 
 
@@ -18,6 +19,7 @@ class WebConfig:
     admin_password: str | None = field(default=None, repr=False)
     self_signup: bool = False  # /signup makes pending accounts the admin approves
     metrics_token: str | None = field(default=None, repr=False)
+    keyless: Keyless = NO_KEYLESS  # requests with no key from these networks run as this key (web/keys/keyless.py)
     max_body_bytes: int = 4 << 20
     default_max_tokens: int = 1024
     trim_max_tokens: bool = True  # a max_tokens above the key's cap or the context's room runs with what fits

@@ -153,8 +153,8 @@ def test_copilot_byok_probe(server: Server, key: str) -> None:
     """GitHub Copilot's BYOK Ollama provider (microsoft/vscode-copilot-chat,
     src/extension/byok/vscode-node/ollamaProvider.ts): GET /api/version (at least 0.6.4), GET /api/tags, then
     POST /api/show per model, reading capabilities ("tools", "vision") and model_info's
-    "<general.architecture>.context_length". It sends no key of its own: the probe runs with one here, as a
-    proxy that adds it would send it (README)."""
+    "<general.architecture>.context_length". It sends no key of its own: the probe runs with one here;
+    tests/web/test_keyless.py replays it keyless, as the README sets Copilot up."""
     with httpx.Client(base_url=server.url, headers=bearer(key), timeout=30) as http:
         version = http.get("/api/version").json()["version"]
         assert [int(n) for n in version.split(".")] >= [0, 6, 4]

@@ -11,6 +11,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 
 from web.errors import AuthenticationFailed
+from web.keys.keyless import Keyless
 from web.keys.service import KeyInfo, KeyService
 from web.models import utcnow
 from web.people.guard import CSRF_HEADER, SESSION_COOKIE
@@ -55,9 +56,10 @@ async def signed_in_person(connection: ASGIConnection[Any, Any, Any, Any], store
     return KeyInfo.signed_in(session.person.id, session.person.username, session.created_at)
 
 
-def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore) -> Guard:
-    """Authenticate (an API key, or on the chat page's routes a signed-in session), and note when the request
-    arrived (wall clock and monotonic) for its history row. A person's key or session runs under their plan."""
+def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore, keyless: Keyless) -> Guard:
+    """Authenticate (an API key, or on the chat page's routes a signed-in session, or with neither the keyless
+    key where the operator opened one), and note when the request arrived (wall clock and monotonic) for its
+    history row. A person's key or session runs under their plan."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         connection.state.arrival = (utcnow(), time.monotonic())
@@ -67,6 +69,10 @@ def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore) -> Guard:
             connection.state.api_key = await plans.apply(person)
             return
         if presented is None:
+            keyless_id = keyless.key_for(connection.client.host if connection.client else None)
+            if keyless_id is not None:
+                connection.state.api_key = await plans.apply(await keys.keyless(keyless_id))
+                return
             raise AuthenticationFailed(
                 "missing API key: send it as 'Authorization: Bearer sk-...' or 'x-api-key: sk-...'",
                 code="missing_api_key",

@@ -34,6 +34,7 @@ MIN_WEIGHT, MAX_WEIGHT = 1e-3, 1e6
 # SQLite's INTEGER is 64-bit: no id beyond this range can exist, and no limit beyond it can be stored.
 SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 _BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
+_BY_ID = select(ApiKey.__table__).where(ApiKey.__table__.c.id == bindparam("key_id"))
 _usage = cast(Table, KeyUsage.__table__)
 # The period rollover job: every key of a period kind whose period has ended starts afresh (reservations stay:
 # they belong to requests in flight, which the ledger settles).
@@ -206,6 +207,22 @@ class KeyService:
             raise AuthenticationFailed("incorrect API key provided")
         if row.revoked_at is not None:
             raise AuthenticationFailed("this API key has been revoked", code="revoked_api_key")
+        return KeyInfo.of(row)
+
+    async def keyless(self, key_id: int) -> KeyInfo:
+        """The key a request without a credential runs as (web/keys/keyless.py): missing or revoked, the request
+        needs a key of its own."""
+        try:
+            async with self.db.connect() as conn:
+                row = (await conn.execute(_BY_ID, {"key_id": key_id})).first()
+        except (SQLAlchemyError, OSError) as exc:
+            log.error("the database cannot check the keyless key: %s", describe(exc))
+            raise StorageUnavailable("API keys cannot be checked right now; retry shortly") from None
+        if row is None or row.revoked_at is not None:
+            log.warning("APPLIANCE_KEYLESS_KEY_ID=%d names no live key: requests without a key are refused", key_id)
+            raise AuthenticationFailed(
+                "missing API key: send it as 'Authorization: Bearer sk-...'", code="missing_api_key"
+            )
         return KeyInfo.of(row)
 
     async def create(self, name: str, limits: KeyLimits, user_id: int | None = None) -> tuple[KeyInfo, str]:
