@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,8 @@ os.environ.setdefault("LLM_APPLIANCE_TEST_CACHE", os.path.join(os.environ["XDG_C
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["LLM_APPLIANCE_TEST_CACHE"], "torchinductor"))
 os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(os.environ["LLM_APPLIANCE_TEST_CACHE"], "vllm"))
 
-from web.system import admin_auth  # after the environment above
+import web.app  # noqa: F401  (every module that hashes passwords, imported before the cache patches them)
+from web.people import passwords  # after the environment above
 
 if TYPE_CHECKING:
     from tests.web.server import Server
@@ -61,10 +63,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _scrypt_once_per_password() -> Iterator[None]:
-    """The admin password is hashed at scrypt's full cost (about a second), and nearly every app a test starts
-    seeds and checks the same one: compute each distinct hash and check once per run. The results are the real
-    function's (a real N=2^17 hash, a real verdict), so what the tests see is unchanged."""
-    hash_real, verify_real = admin_auth.hash_password, admin_auth.verify_password
+    """Every password is hashed and checked at scrypt's full cost (about half a second each, on two cores), and
+    the tests sign in and make people with a handful of passwords hundreds of times: compute each distinct hash
+    and each verdict once per run. The results are the real functions' (a real N=2^17 hash, a real verdict), so
+    what the tests see is unchanged; only a second person with the same password gets the first one's salt.
+    Patched wherever web/ bound the names (web/people/passwords.py's callers import them by name), else the
+    cache misses them: it did, for sign-ins and new people, once those moved to web/people/."""
+    hash_real, verify_real = passwords.hash_password, passwords.verify_password
     hashes: dict[str, str] = {}
     verdicts: dict[tuple[str, str], bool] = {}
 
@@ -78,9 +83,22 @@ def _scrypt_once_per_password() -> Iterator[None]:
             verdicts[password, stored] = verify_real(password, stored)
         return verdicts[password, stored]
 
-    admin_auth.hash_password, admin_auth.verify_password = hash_password, verify_password  # type: ignore[assignment]
+    patched = [
+        (module, name, real, fake)
+        for module in list(sys.modules.values())
+        if getattr(module, "__name__", "").startswith("web.")
+        for name, real, fake in (
+            ("hash_password", hash_real, hash_password),
+            ("verify_password", verify_real, verify_password),
+        )
+        if getattr(module, name, None) is real
+    ]
+    assert {m.__name__ for m, *_ in patched} >= {"web.people.passwords", "web.people.signin", "web.people.accounts"}
+    for module, name, _, fake in patched:
+        setattr(module, name, fake)
     yield
-    admin_auth.hash_password, admin_auth.verify_password = hash_real, verify_real  # type: ignore[assignment]
+    for module, name, real, _ in patched:
+        setattr(module, name, real)
 
 
 @pytest.fixture(scope="session")
