@@ -12,7 +12,6 @@ the key, or unsetting the setting, closes the door. Off by default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 
 # Loopback and the private ranges (RFC 1918, RFC 4193): the LAN a school's or clinic's box sits on.
@@ -34,10 +33,24 @@ def parse_networks(text: str) -> tuple[Network, ...]:
     return tuple(networks)
 
 
-@dataclass(frozen=True, slots=True)
 class Keyless:
-    key_id: int | None = None  # None: every request needs a key or a session
-    networks: tuple[Network, ...] = ()
+    """A plain class, not a dataclass: Litestar builds a signature model of every handler's dependencies, and msgspec
+    cannot type a dataclass field that is a union of two classes (the two network types)."""
+
+    __slots__ = ("key_id", "networks")
+
+    def __init__(self, key_id: int | None = None, networks: tuple[Network, ...] = ()) -> None:
+        self.key_id = key_id  # None: every request needs a key or a session
+        self.networks = networks
+
+    def __repr__(self) -> str:
+        return f"Keyless(key_id={self.key_id!r}, networks={self.networks!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Keyless) and (self.key_id, self.networks) == (other.key_id, other.networks)
+
+    def __hash__(self) -> int:
+        return hash((self.key_id, self.networks))
 
     def key_for(self, host: str | None) -> int | None:
         """The key a request with no credential from `host` runs as, or None (it needs one)."""
