@@ -45,6 +45,10 @@ REAL_SERVERS = frozenset({"server", "keeping_server", "served", "fleet"}) | VLLM
 # browser's and PostgreSQL's folders their package's or session's server: each is started once, on one worker.
 SHARED_GROUPS = {"peers": "vllm", "browser": "browser", "postgres": "postgres"}
 VLLM_GROUP = "vllm"
+# In-process suites (the app on the fake engine behind Litestar's test client; no server, no subprocess): pure
+# Python on one core, so `make test` runs them in a second pytest process beside the rest (`-m beside`), whose
+# waits on real servers, browsers and installs leave a core idle much of the time.
+BESIDE_FOLDERS = frozenset({"security"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
@@ -54,6 +58,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         if folder in SLOW_FOLDERS or REAL_SERVERS & fixtures:
             item.add_marker(pytest.mark.slow)
+        elif folder in BESIDE_FOLDERS:
+            item.add_marker(pytest.mark.beside)
         group = VLLM_GROUP if VLLM_FIXTURES & fixtures else SHARED_GROUPS.get(folder, str(item.path.relative_to(TESTS)))
         item.add_marker(pytest.mark.xdist_group(group))
     # vLLM's group first: its chain (a cold compile, then two managed starts) is the longest, and the other worker

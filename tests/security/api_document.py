@@ -35,7 +35,7 @@ def served_document() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as directory:
         app = create_app(web_config(Path(directory) / "appliance.db"), FakeEngineClient())
         with TestClient(app=app) as http:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hung app, not a slow one: these run beside the rest of the suite
             while http.get("/ready").status_code != 200:
                 assert time.monotonic() < deadline, "the app never became ready"
                 time.sleep(0.01)

@@ -149,7 +149,7 @@ def serve(
     gateway = build_gateway(web_config(db_path, **config), fake)
     app = app_of(gateway)
     with TestClient(app=app, base_url=base_url, raise_server_exceptions=False, timeout=30) as http:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hung app, not a slow one: these run beside the rest of the suite
         while http.get("/ready").status_code != 200:
             assert time.monotonic() < deadline, "the app never became ready"
             time.sleep(0.01)
