@@ -89,3 +89,23 @@ def test_the_console_says_why_the_last_admin_cannot_be_suspended(console: Page, 
     expect(row.get_by_role("button", name="Suspend")).to_be_visible()  # still active: no Restore offered
     with server.admin() as api:
         assert api.get(f"/admin/api/users/{admins[0]['id']}").json()["suspended"] is False
+
+
+def test_a_person_at_their_plans_quota_sees_why_and_their_usage(page: Page, server: Server) -> None:
+    """A plan with a 20-token quota: the person's first message does not fit, the chat page says it is their
+    quota (not a failure), and their own page shows the plan's quota and what is left."""
+    with server.admin() as api:
+        plan = api.post("/admin/api/plans", json={"name": "tiny browser plan", "quota_tokens": 20})
+        assert plan.status_code == 201, plan.text
+        person = api.post(
+            "/admin/api/users",
+            json={"username": "quota-person", "password": PASSWORD, "role": "user", "plan_id": plan.json()["id"]},
+        )
+        assert person.status_code == 201, person.text
+    _sign_in(page, "quota-person")
+    page.wait_for_url(server.url + "/")
+    send(page, "hello, is there room for me?")
+    expect(page.locator(".message.assistant .error")).to_contain_text("quota is used up")
+    page.goto("/account")
+    expect(page.locator("#my-usage")).to_contain_text("of 20 tokens used in total")
+    assert not server.requests(user_id=person.json()["id"], status="finished"), "nothing ran past the quota"
