@@ -99,3 +99,26 @@ def test_the_admin_runs_people_and_plans_from_the_console(appliance: Appliance) 
     )
     assert refused.status_code == 303 and refused.headers["location"].startswith("/admin/login")
     assert appliance.http.get(f"/admin/api/users/{person['id']}", headers=ADMIN).json()["role"] == "user"
+
+
+def test_the_admin_deletes_a_person_from_the_console_but_never_the_last_admin(appliance: Appliance) -> None:
+    admin = appliance.sign_in()
+    htmx = {CSRF_HEADER: admin.csrf, "HX-Request": "true"}
+    gone = appliance.new_person("console-gone")
+    session = appliance.person_signs_in("console-gone")
+    row = appliance.page(admin, "/admin/people").text
+    assert f'action="/admin/people/{gone}/delete"' in row and "hx-confirm" in row
+
+    deleted = appliance.post_form(admin, f"/admin/people/{gone}/delete", {}, **htmx)
+    assert deleted.status_code == 200 and deleted.text == ""  # htmx swaps the row out
+    assert appliance.http.get(f"/admin/api/users/{gone}", headers=ADMIN).status_code == 404
+    assert appliance.page(session, "/account").status_code == 303, "their session went with them"
+    assert appliance.post_form(admin, f"/admin/people/{gone}/delete", {}, **htmx).status_code == 404
+
+    admins = [p for p in appliance.http.get("/admin/api/users", headers=ADMIN).json() if p["role"] == "admin"]
+    assert len(admins) == 1, "this test needs the admin to be the only one"
+    kept = appliance.post_form(admin, f"/admin/people/{admins[0]['id']}/delete", {}, **htmx)
+    assert kept.status_code == 422 and "last active admin" in kept.text
+    assert appliance.http.get(f"/admin/api/users/{admins[0]['id']}", headers=ADMIN).status_code == 200
+    without_csrf = appliance.post_form(admin, f"/admin/people/{appliance.new_person('console-kept')}/delete", {})
+    assert without_csrf.status_code == 403

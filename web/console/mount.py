@@ -83,6 +83,7 @@ def pages(web_sessions: SessionStore) -> Pages:
             people_page.set_plan,
             people_page.reset_password,
             people_page.sign_out_person,
+            people_page.delete_person,
             plans_page.plans_page,
             plans_page.create_plan,
             plans_page.update_plan,

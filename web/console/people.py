@@ -1,7 +1,7 @@
 """The console's People page: make a person (one, a CSV, an invite link), and for each person their role
-(approve a sign-up), suspension, plan, a new password, sign-out everywhere, and their use against their quota this
-period and in all, with a link to their history. Every change goes through web/people; each answers htmx with the
-person's row (and the reason, where one was refused: the last active admin stays one)."""
+(approve a sign-up), suspension, plan, a new password, sign-out everywhere, deletion, and their use against their
+quota this period and in all, with a link to their history. Every change goes through web/people; each answers htmx
+with the person's row (and the reason, where one was refused: the last active admin stays one)."""
 
 from __future__ import annotations
 
@@ -193,3 +193,18 @@ async def sign_out_person(
     await accounts.get(user_id)
     await web_sessions.end_all(user_id)
     return await _row(request, plans, user_id)
+
+
+@post("/people/{user_id:int}/delete")
+async def delete_person(
+    request: HTMXRequest, accounts: deps.Accounts, plans: deps.Plans, user_id: FromPath[int]
+) -> Response[Any]:
+    """The person gone with their sessions, personal keys, conversations and usage; their history rows stay,
+    naming no one (web/people/accounts.py). htmx swaps the row out for nothing."""
+    try:
+        await accounts.delete(user_id)
+    except LastAdmin as exc:
+        return await _row(request, plans, user_id, error=exc.message)
+    if not request.htmx:
+        return Redirect("/admin/people", status_code=303)
+    return Response(content="", media_type="text/html", status_code=200)
