@@ -5,6 +5,7 @@ that names the first line edited, removed, inserted, moved or cut, and memory th
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import sqlite3
@@ -213,3 +214,25 @@ def test_memory_stays_flat_from_5k_to_50k_rows() -> None:
     small, large = measure(5_000), measure(50_000)
     assert (small["rows"], large["rows"]) == (5_000, 50_000)
     assert large["peak_rss_mib"] < small["peak_rss_mib"] + 10, (small, large)
+
+
+def test_batches_neither_skip_nor_repeat_rows_that_share_an_arrival_time(
+    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(db_path, 7)
+    with sqlite3.connect(db_path) as db:
+        db.execute("UPDATE requests SET arrival_at = '2026-01-01 00:00:00.001000' WHERE id <= 'req-000000005'")
+    monkeypatch.setattr("web.audit.export.BATCH", 2)
+    out = tmp_path / "audit.jsonl"
+    assert run_export(db_path, out).rows == 7
+    assert [r["id"] for r in requests(out)] == [f"req-{n:09d}" for n in range(7)]
+
+
+def test_a_second_export_at_once_is_refused(db_path: Path, tmp_path: Path) -> None:
+    fill(db_path, 1)
+    out = tmp_path / "audit.jsonl"
+    with out.open("ab") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(BlockingIOError):
+            run_export(db_path, out)
+    assert out.read_bytes() == b""

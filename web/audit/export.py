@@ -11,6 +11,7 @@ integers, booleans and nulls: no floats, whose text other languages' JSON may wr
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ async def export(
             out.write(REQUEST, record)
             rows += 1
         file.flush()
+        os.fsync(file.fileno())  # a record kept for years: on the disk before the run reports it
     return Exported(rows, out.end, horizon, held_by)
 
 
