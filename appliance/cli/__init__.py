@@ -1,1 +1,1 @@
-"""The `appliance` command and its sub-commands (chat, keys, status, models)."""
+"""The `appliance` command and its sub-commands (chat, keys, status, models, audit)."""

@@ -1,5 +1,5 @@
-"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, models, bench, assets, settings,
-layout.
+"""The `appliance` command: serve, migrate, keys, admin, status, chat, doctor, models, audit, bench, assets,
+settings, layout.
 
 Settings come from APPLIANCE_* variables and the env file named by APPLIANCE_ENV_FILE; `serve` and `doctor`
 take any setting as a flag too (--port 9000 is APPLIANCE_PORT=9000), except the secrets.
@@ -15,13 +15,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from appliance.cli import chat, keys, layout
+from appliance.cli import audit, chat, keys, layout
 from appliance.cli import models as models_cli
 from appliance.settings import PREFIX, Settings, SettingsError, load_settings, settings_table
 from engine import ConfigError
 from web.errors import AppError
 
-COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,models,bench,assets,settings,layout}"
+COMMANDS = "{serve,migrate,keys,admin,status,chat,doctor,models,audit,bench,assets,settings,layout}"
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check this machine for the appliance, one line per check")
     add_setting_flags(doctor)
     models_cli.add_parsers(commands, add_setting_flags)
+    audit.add_parsers(commands)
     commands.add_parser("bench", help="the engine benchmark (options: appliance bench --help)", add_help=False)
     assets = commands.add_parser(
         "assets", help="front-end assets (htmx, markdown-it, DOMPurify, highlight.js) from the npm registry, pinned"
@@ -157,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
         return run(settings)
     elif args.command == "models":
         return models_cli.run(settings, args)
+    elif args.command == "audit":
+        return audit.run(settings, args)
     return 0
 
 
