@@ -4,10 +4,13 @@ is then a fair-share tenant of their own with a quota of their own; an ordinary 
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from engine import Tenant
+from tests.security.conftest import serve
 from tests.web.conftest import ADMIN, assert_openai_error, bearer, rows
 from tests.web.fakes import FakeEngineClient
 
@@ -161,3 +164,34 @@ async def test_the_front_end_settings_round_trip_and_a_missing_plan_is_refused(c
     assert (view["front_end"], view["front_end_accounts"], view["front_end_plan_id"]) == (True, False, None)
     gone = await client.get("/admin/api/keys/424242/end-users", headers=ADMIN)
     assert gone.status_code == 404
+
+
+def test_the_console_form_makes_a_front_end_and_its_page_lists_end_users(tmp_path: Path) -> None:
+    with serve(tmp_path) as appliance:
+        session = appliance.sign_in()
+        form = {"name": "webui", "quota_period": "none", "front_end": "on", "csrf_token": session.csrf}
+        assert appliance.post_form(session, "/admin/keys", form).status_code == 201
+        (view,) = appliance.http.get("/admin/api/keys", headers=ADMIN).json()
+        assert (view["front_end"], view["front_end_accounts"]) == (True, False)
+        other_id, _ = appliance.new_key("other")
+        edit = appliance.page(session, f"/admin/keys/{view['id']}/edit", **{"HX-Request": "true"}).text
+        assert re.search(r'name="front_end" value="on"\s+checked', edit)
+        plain = {k: v for k, v in form.items() if k != "front_end"}
+        htmx = {"HX-Request": "true", "X-CSRF-Token": session.csrf}
+        assert appliance.post_form(session, f"/admin/keys/{view['id']}", plain, **htmx).status_code == 200
+        assert appliance.http.get(f"/admin/api/keys/{view['id']}", headers=ADMIN).json()["front_end"] is False
+        assert appliance.post_form(session, f"/admin/keys/{view['id']}", form, **htmx).status_code == 200
+
+        webui = appliance.http.get("/admin/api/keys", headers=ADMIN).json()[0]
+        assert webui["front_end"] is True
+        secret = appliance.http.post("/admin/api/keys", json={"name": "fe", "front_end": True}, headers=ADMIN)
+        headers = {"Authorization": f"Bearer {secret.json()['key']}", "X-OpenWebUI-User-Id": "<b>eve</b>"}
+        assert appliance.http.post("/v1/chat/completions", json=CHAT, headers=headers).status_code == 200
+        fe_id = secret.json()["info"]["id"]
+        page = appliance.page(session, f"/admin/keys/{fe_id}/end-users")
+        assert page.status_code == 200 and "&lt;b&gt;eve&lt;/b&gt;" in page.text and "<b>eve" not in page.text
+        assert f"/admin/history?key={fe_id}&amp;end_user=" in page.text
+        cards = appliance.page(session, "/admin/keys").text
+        assert f'href="/admin/keys/{fe_id}/end-users"' in cards
+        other = re.search(rf'<article id="key-{other_id}".*?</article>', cards, re.S)
+        assert other and "end-users" not in other.group(0), "an ordinary key's card links to no end users"
