@@ -195,3 +195,23 @@ def test_the_console_form_makes_a_front_end_and_its_page_lists_end_users(tmp_pat
         assert f'href="/admin/keys/{fe_id}/end-users"' in cards
         other = re.search(rf'<article id="key-{other_id}".*?</article>', cards, re.S)
         assert other and "end-users" not in other.group(0), "an ordinary key's card links to no end users"
+
+
+def test_a_crash_leaves_no_reservation_on_the_end_user(tmp_path: Path) -> None:
+    """Recovery settles a request left running on the quota it reserved: its end user's, not its key's."""
+    with serve(tmp_path) as appliance:
+        key_id, key = appliance.new_key("webui", front_end=True, quota_tokens=1000)
+        headers = {**bearer(key), "X-OpenWebUI-User-Id": "crashed"}
+        assert appliance.http.post("/v1/chat/completions", json=CHAT, headers=headers).status_code == 200
+        appliance.flush_history()
+        with sqlite3.connect(appliance.db_path) as db:
+            db.execute(
+                "UPDATE requests SET status = 'running', reserved_tokens = 50, completion_tokens = 3, gateway = NULL"
+            )
+            db.execute("UPDATE end_users SET reserved_tokens = reserved_tokens + 50")
+            (before,) = db.execute("SELECT used_tokens FROM end_users").fetchone()
+        assert appliance.http.blocking_portal.call(appliance.gateway.ledger.recover) == 1
+        with sqlite3.connect(appliance.db_path) as db:
+            used, reserved = db.execute("SELECT used_tokens, reserved_tokens FROM end_users").fetchone()
+            (key_used,) = db.execute("SELECT used_tokens FROM key_usage WHERE key_id = ?", (key_id,)).fetchone()
+        assert reserved == 0 and used > before and key_used == 0
