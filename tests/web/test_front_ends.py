@@ -157,7 +157,7 @@ async def test_an_ordinary_key_ignores_names_and_spends_no_one_elses_quota(
 async def test_the_front_end_settings_round_trip_and_a_missing_plan_is_refused(client: Any) -> None:
     key_id, _ = await key_of(client)
     missing = await client.patch(f"/admin/api/keys/{key_id}", json={"front_end_plan_id": 999}, headers=ADMIN)
-    assert_openai_error(missing, 400, param="front_end_plan_id")
+    assert_openai_error(missing, 404, param="front_end_plan_id")
     changed = await client.patch(f"/admin/api/keys/{key_id}", json={"front_end": True}, headers=ADMIN)
     assert changed.status_code == 200, changed.text
     view = changed.json()

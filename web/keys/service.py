@@ -216,7 +216,7 @@ class KeyLimits:
 async def _check_plan(session: AsyncSession, front_end: FrontEnd) -> None:
     plan_id = front_end.plan_id
     if plan_id is not None and (not 0 < plan_id <= SQLITE_INT_MAX or await session.get(Plan, plan_id) is None):
-        raise InvalidRequest(f"no plan with id {plan_id}", param="front_end_plan_id")
+        raise NotFound(f"no plan with id {plan_id}", param="front_end_plan_id")
 
 
 def _check_id(key_id: int) -> None:
