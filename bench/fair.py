@@ -4,7 +4,11 @@ random:tiny served with 16 seats; four light keys each send one short streamed c
 flight; under the fair policy and under fcfs, each on a fresh server. Prints the light keys' TTFT
 p50/p95 (as the client saw it: request sent to first content) alone and beside the heavy key, the heavy key's and
 the total tokens/s (the server's own generation counter, /metrics). Both servers run from the start and the
-policies take turns in short rounds; the heavy key's streams come from a process of their own."""
+policies take turns in short rounds; the heavy key's streams come from a process of their own.
+
+--front-end: the tenants are end users of one front-end key instead (`appliance keys create --front-end`), each
+named as Open WebUI names them (X-OpenWebUI-User-Id): three light ones and a greedy one. The fair scheduler must
+then keep the light people's TTFT as it keeps the light keys'."""
 
 from __future__ import annotations
 
@@ -29,6 +33,29 @@ from bench.servers import Server, clean_env, create_keys, free_port, running
 MODEL = "random:tiny"
 METRICS_TOKEN = "bench-fair-metrics"
 LIGHT_KEYS = [f"light-{i}" for i in range(4)]
+FRONT_END_KEY = "webui"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """Who sends what: each tenant's request headers (its key, and on a front-end key its end user's name)."""
+
+    light: dict[str, dict[str, str]]
+    heavy: dict[str, str]
+
+    @classmethod
+    def of_keys(cls, keys: dict[str, str]) -> Tenants:
+        return cls({name: bearer(keys[name]) for name in LIGHT_KEYS}, bearer(keys["heavy"]))
+
+    @classmethod
+    def of_front_end(cls, key: str) -> Tenants:
+        """Four end users of one key: three light, one greedy."""
+        light = {name: bearer(key) | {"X-OpenWebUI-User-Id": name} for name in LIGHT_KEYS[:3]}
+        return cls(light, bearer(key) | {"X-OpenWebUI-User-Id": "greedy"})
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 @dataclass(slots=True)
@@ -69,12 +96,13 @@ def body(tokens: int, text: str) -> dict[str, object]:
     }
 
 
-async def stream_once(http: httpx.AsyncClient, key: str, payload: dict[str, object]) -> tuple[float | None, int]:
+async def stream_once(
+    http: httpx.AsyncClient, headers: dict[str, str], payload: dict[str, object]
+) -> tuple[float | None, int]:
     """One streamed request: seconds to its first content, and its completion tokens (from the usage chunk)."""
     sent = time.monotonic()
     first: float | None = None
     tokens = 0
-    headers = {"Authorization": f"Bearer {key}"}
     async with http.stream("POST", "/v1/chat/completions", json=payload, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{response.status_code}: {(await response.aread())[:200]!r}")
@@ -90,7 +118,12 @@ async def stream_once(http: httpx.AsyncClient, key: str, payload: dict[str, obje
 
 
 async def light_key(
-    http: httpx.AsyncClient, key: str, until: float, args: argparse.Namespace, rng: random.Random, phase: Phase
+    http: httpx.AsyncClient,
+    key: dict[str, str],
+    until: float,
+    args: argparse.Namespace,
+    rng: random.Random,
+    phase: Phase,
 ) -> None:
     await asyncio.sleep(rng.uniform(0, args.interval))  # the keys do not start in step
     while (start := time.monotonic()) < until:
@@ -112,7 +145,7 @@ async def generated_total(http: httpx.AsyncClient) -> int:
     return int(float(lines[0].rsplit(" ", 1)[1])) if lines else 0
 
 
-async def run_phase(url: str, keys: dict[str, str], seconds: float, heavy: bool, args: argparse.Namespace) -> Phase:
+async def run_phase(url: str, tenants: Tenants, seconds: float, heavy: bool, args: argparse.Namespace) -> Phase:
     phase = Phase()
     rng = random.Random(args.seed)
     async with httpx.AsyncClient(base_url=url, timeout=120) as http:
@@ -129,11 +162,13 @@ async def run_phase(url: str, keys: dict[str, str], seconds: float, heavy: bool,
                 str(args.heavy_streams),
                 str(args.heavy_tokens),
             ]
-            load = subprocess.Popen(command, env={**os.environ, "BENCH_KEY": keys["heavy"]})
+            key = tenants.heavy["Authorization"].removeprefix("Bearer ")
+            user = tenants.heavy.get("X-OpenWebUI-User-Id", "")
+            load = subprocess.Popen(command, env={**os.environ, "BENCH_KEY": key, "BENCH_USER": user})
             await asyncio.sleep(args.settle)  # the heavy key holds its seats before the light keys are measured
         start = time.monotonic()
         until = start + seconds
-        await asyncio.gather(*(light_key(http, keys[name], until, args, rng, phase) for name in LIGHT_KEYS))
+        await asyncio.gather(*(light_key(http, h, until, args, rng, phase) for h in tenants.light.values()))
         phase.seconds = time.monotonic() - start + (args.settle if heavy else 0.0)
         total = await generated_total(http)
         if load is not None:
@@ -179,10 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="fair,fcfs")
     p.add_argument("--rounds", type=int, default=2, help="rounds the policies take in turn")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--front-end",
+        action="store_true",
+        help="the tenants are four end users of one front-end key (X-OpenWebUI-User-Id), one of them greedy",
+    )
     args = p.parse_args(argv)
+    who = "3 light end users of one front-end key" if args.front_end else "4 light keys"
+    heavy = "a greedy end user" if args.front_end else "a heavy key"
     print(
-        f"{MODEL} served, {args.seats} seats: 4 light keys ({args.light_tokens} tokens every ~{args.interval} s "
-        f"each), a heavy key with {args.heavy_streams} x {args.heavy_tokens}-token streams in flight"
+        f"{MODEL} served, {args.seats} seats: {who} ({args.light_tokens} tokens every ~{args.interval} s "
+        f"each), {heavy} with {args.heavy_streams} x {args.heavy_tokens}-token streams in flight"
     )
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
     alone: dict[str, list[Phase]] = {policy: [] for policy in policies}
@@ -192,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             data = Path(tmp) / policy
             data.mkdir()
-            keys[policy] = create_keys(data, ["heavy", *LIGHT_KEYS])
+            if args.front_end:
+                made = create_keys(data, [FRONT_END_KEY], "--front-end")
+                keys[policy] = Tenants.of_front_end(made[FRONT_END_KEY])
+            else:
+                keys[policy] = Tenants.of_keys(create_keys(data, ["heavy", *LIGHT_KEYS]))
             server = server_for(policy, args.seats, data)
             servers.enter_context(running(server))
             urls[policy] = server.url
@@ -214,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{policy}: {len(errors)} failed requests, the first: {errors[0]}", file=sys.stderr)
         rows.append(report(policy, a, b))
     print(
-        f"{'policy':>6} | {'light TTFT alone':>18} | {'beside the heavy key':>20} | {'p95 x':>8} | "
+        f"{'policy':>6} | {'light TTFT alone':>18} | {'beside the ' + heavy.split(' ', 1)[1]:>20} | {'p95 x':>8} | "
         f"{'heavy tok/s':>11} | {'total tok/s':>11} | light"
     )
     print("\n".join(rows))

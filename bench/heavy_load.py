@@ -1,4 +1,5 @@
-"""`python -m bench.heavy_load URL STREAMS TOKENS` (key in BENCH_KEY): the heavy key of bench.fair,
+"""`python -m bench.heavy_load URL STREAMS TOKENS` (key in BENCH_KEY; BENCH_USER, where set, names the end user on
+a front-end key as Open WebUI does, X-OpenWebUI-User-Id): the heavy key of bench.fair,
 STREAMS long streamed chat requests of TOKENS tokens (ignore_eos) kept in flight until terminated. A process of its
 own that imports only httpx, so it starts in a fraction of a second and its reads delay no other client."""
 
@@ -13,10 +14,9 @@ import httpx
 MODEL = "random:tiny"
 
 
-async def stream(http: httpx.AsyncClient, key: str, tokens: int) -> None:
+async def stream(http: httpx.AsyncClient, headers: dict[str, str], tokens: int) -> None:
     """One stream: a new long request as soon as the last one ends, read to the end without parsing it (the
     server's own counter gives the tokens)."""
-    headers = {"Authorization": f"Bearer {key}"}
     payload = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me everything you know."}],
@@ -36,10 +36,10 @@ async def stream(http: httpx.AsyncClient, key: str, tokens: int) -> None:
             await asyncio.sleep(0.5)
 
 
-async def load(url: str, key: str, streams: int, tokens: int) -> None:
+async def load(url: str, headers: dict[str, str], streams: int, tokens: int) -> None:
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
-        await asyncio.gather(*(stream(http, key, tokens) for _ in range(streams)))
+        await asyncio.gather(*(stream(http, headers, tokens) for _ in range(streams)))
 
 
 def main(argv: list[str]) -> int:
@@ -47,7 +47,10 @@ def main(argv: list[str]) -> int:
     # The load generator stands for clients on other machines: on the server's own cores it yields to the
     # server's processes rather than slow the engine's steps down.
     os.nice(19)
-    asyncio.run(load(url, os.environ["BENCH_KEY"], streams, tokens))
+    headers = {"Authorization": f"Bearer {os.environ['BENCH_KEY']}"}
+    if os.environ.get("BENCH_USER"):
+        headers["X-OpenWebUI-User-Id"] = os.environ["BENCH_USER"]
+    asyncio.run(load(url, headers, streams, tokens))
     return 0
 
 

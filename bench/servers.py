@@ -126,14 +126,16 @@ def appliance_key(data_dir: Path) -> str:
     return create_keys(data_dir, ["bench"])["bench"]
 
 
-def create_keys(data_dir: Path, names: list[str]) -> dict[str, str]:
-    """Migrate the database in data_dir and create a key without limits per name (the CLI prints it once)."""
+def create_keys(data_dir: Path, names: list[str], *flags: str) -> dict[str, str]:
+    """Migrate the database in data_dir and create a key without limits per name (the CLI prints it once), each
+    with `flags` (e.g. --front-end)."""
     env = clean_env() | {"APPLIANCE_DATA_DIR": str(data_dir)}
     appliance = str(Path(sys.executable).with_name("appliance"))
     subprocess.run([appliance, "migrate"], env=env, check=True, capture_output=True)
     keys = {}
     for name in names:
-        made = subprocess.run([appliance, "keys", "create", name], env=env, check=True, capture_output=True, text=True)
+        command = [appliance, "keys", "create", name, *flags]
+        made = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
         keys[name] = made.stdout.strip().splitlines()[-1]
     return keys
 

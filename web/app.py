@@ -40,6 +40,7 @@ from web.history.service import HistoryService
 from web.history.stored import ResponseStore
 from web.history.writer import BatchWriter
 from web.jobs import Jobs, Sampler
+from web.keys.front_end import FrontEnds
 from web.keys.guard import api_key_guard
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.routes import keys_router
@@ -91,6 +92,7 @@ class Gateway:
     admin: AdminAuth
     gate: EngineGate
     ledger: Ledger
+    front_ends: FrontEnds
     inflight: InFlight
     generations: Generations
     prompts: Prompts
@@ -154,7 +156,9 @@ def build_gateway(
     keys = KeyService(sessions, db)
     history = HistoryService(sessions)
     limiter = ConcurrencyLimiter()
-    ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text, config.gateway_id)
+    plans = Plans(sessions)
+    front_ends = FrontEnds(sessions, plans)
+    ledger = Ledger(db, writer, keys, limiter, metrics, config.store_text, config.gateway_id, front_ends)
     inflight = InFlight(gate, ledger)
     accounts = Accounts(sessions)
     return Gateway(
@@ -172,6 +176,7 @@ def build_gateway(
         admin=AdminAuth(accounts, SignIn(sessions), config.metrics_token),
         gate=gate,
         ledger=ledger,
+        front_ends=front_ends,
         inflight=inflight,
         generations=Generations(router, ledger, inflight, metrics, config.store_text),
         prompts=Prompts(router, config.default_max_tokens, config.store_text, config.trim_max_tokens),
@@ -180,7 +185,7 @@ def build_gateway(
         responses=ResponseStore(sessions, config.store_text),
         embedder=Embedder(embeddings, ledger),
         accounts=accounts,
-        plans=Plans(sessions),
+        plans=plans,
         personal_keys=PersonalKeys(keys),
         enrolment=Enrolment(accounts, sessions, config.self_signup),
         web_sessions=SessionStore(sessions),

@@ -15,6 +15,7 @@ from web.generation.prompts import Prompts as _Prompts
 from web.generation.run import Generations as _Generations
 from web.history.service import HistoryService
 from web.history.stored import ResponseStore
+from web.keys.front_end import FrontEnds as _FrontEnds
 from web.keys.limiter import ConcurrencyLimiter
 from web.keys.service import KeyService
 from web.keys.views import KeyViews
@@ -36,6 +37,7 @@ Enrolment = NamedDependency[_Enrolment]
 Config = NamedDependency[WebConfig]
 Conversations = NamedDependency[_Conversations]
 Embedder = NamedDependency[_Embedder]
+FrontEnds = NamedDependency[_FrontEnds]
 Gate = NamedDependency[EngineGate]
 Generations = NamedDependency[_Generations]
 History = NamedDependency[HistoryService]

@@ -9,7 +9,7 @@ expressions and ORM bookkeeping per request cost more CPU than the database work
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
@@ -27,10 +27,19 @@ from web.generation.disconnect import ClientDisconnected
 from web.generation.policy import Prepared
 from web.history.record import CHECKPOINT, FINALIZE_REQUEST, IN_FLIGHT, INSERT_REQUEST, MARK_RUNNING, RequestLog, Status
 from web.history.writer import BatchWriter, Write, describe
+from web.keys.front_end import FrontEnds
 from web.keys.limiter import ConcurrencyLimiter
-from web.keys.service import KeyInfo, KeyService, next_period_start, period_start, person_holder
+from web.keys.service import KeyInfo, KeyService, holder_of, next_period_start, period_start
 from web.models import RequestRecord, UTCDateTime, utcnow
-from web.quota import NO_QUOTA, RESERVE, RESERVE_PERSON, SETTLE, SETTLE_PERSON
+from web.quota import (
+    NO_QUOTA,
+    RESERVE,
+    RESERVE_END_USER,
+    RESERVE_PERSON,
+    SETTLE,
+    SETTLE_END_USER,
+    SETTLE_PERSON,
+)
 from web.system.metrics import Metrics
 
 logger = logging.getLogger("web.ledger")
@@ -38,6 +47,7 @@ LEFTOVERS = select(
     RequestRecord.id,
     RequestRecord.key_id,
     RequestRecord.user_id,
+    RequestRecord.end_user_id,
     RequestRecord.prompt_tokens,
     RequestRecord.completion_tokens,
     RequestRecord.arrival_at,
@@ -75,6 +85,7 @@ class Ledger:
         metrics: Metrics,
         store_text: bool = False,
         gateway: str | None = None,
+        front_ends: FrontEnds | None = None,
     ) -> None:
         self.db = db
         self.gateway = gateway  # written into each row it admits; its recovery takes only those
@@ -83,6 +94,7 @@ class Ledger:
         self.limiter = limiter
         self.metrics = metrics
         self.store_text = store_text
+        self.front_ends = front_ends
 
     # -- start-up ---------------------------------------------------------------------------------------
 
@@ -97,10 +109,23 @@ class Ledger:
                 finished = last or row.first_token_at or row.arrival_at
                 await conn.execute(INTERRUPT, {"rid": row.id, "finished": finished})
                 charged = row.prompt_tokens + row.completion_tokens if row.completion_tokens else 0
-                counted = _settlement(row.key_id, row.user_id, row.reserved_tokens, charged)
+                counted = _settlement(row.key_id, row.user_id, row.end_user_id, row.reserved_tokens, charged)
                 if counted is not None:
                     await conn.execute(*counted)
         return len(leftovers)
+
+    # -- who pays -------------------------------------------------------------------------------------------
+
+    async def payer(self, log: RequestLog, key: KeyInfo, headers: Mapping[str, str]) -> KeyInfo:
+        """Whose request it is, once its body is read (log.user holds the body's user): the key's, or on a
+        trusted front-end key the end user or person it names (web/keys/front_end.py), noted on the row."""
+        if self.front_ends is None:
+            return key
+        key = await self.front_ends.resolve(key, headers, log.user)
+        log.user_id, log.end_user_id = key.user_id, key.end_user_id
+        if key.end_user is not None:
+            log.user = key.end_user
+        return key
 
     # -- admission --------------------------------------------------------------------------------------
 
@@ -195,9 +220,11 @@ class Ledger:
         now = utcnow()
         start = period_start(key.quota_period, now, key.period_anchor)
         values = {"kid": key.id, "n": log.reserved_tokens, "start": start, "now": now}
+        quota = NO_QUOTA if key.quota_tokens is None else key.quota_tokens
         if key.user_id is not None:
-            quota = NO_QUOTA if key.quota_tokens is None else key.quota_tokens
             statement, values = RESERVE_PERSON, {**values, "kid": key.user_id, "quota": quota}
+        elif key.end_user_id is not None:
+            statement, values = RESERVE_END_USER, {**values, "kid": key.end_user_id, "quota": quota}
         else:
             statement = RESERVE
         async with self.db.begin() as conn:
@@ -222,9 +249,10 @@ class Ledger:
         # Waiting helps only where the quota resets; otherwise only the admin can (`appliance keys set`).
         advice = "Wait for the reset or ask" if resets is not None else "Ask"
         # An embedding request (admit_tokens) generates nothing: its input is what does not fit.
+        whose = "this API key" if key.end_user is None else f"end user {key.end_user!r}"
         short = "which leaves no room for a completion" if log.max_tokens_applied else "too few for its input"
         return InsufficientQuota(
-            f"insufficient quota: this request's prompt takes {log.prompt_tokens} tokens and this API key has "
+            f"insufficient quota: this request's prompt takes {log.prompt_tokens} tokens and {whose} has "
             f"{remaining} of {key.quota_tokens} tokens left {scope}{when}, {short}. "
             f"{advice} the administrator for more quota.",
             headers=headers,
@@ -274,13 +302,11 @@ class Ledger:
         """The request's end, exactly once: the terminal row and the key's reservation replaced by the tokens
         charged, in one transaction (retried until the database takes it; while it refuses writes, the caller
         is not held up), and the key's slot given back."""
-        if log.user_id is not None:
-            self.limiter.release(person_holder(log.user_id))
-        elif log.key_id is not None:
-            self.limiter.release(log.key_id)
+        if log.key_id is not None or log.user_id is not None:
+            self.limiter.release(holder_of(log.key_id, log.user_id, log.end_user_id))
         self.metrics.observe_request(log)
         values = log.final_values()
-        counted = _settlement(log.key_id, log.user_id, log.reserved_tokens, log.charged_tokens)
+        counted = _settlement(log.key_id, log.user_id, log.end_user_id, log.reserved_tokens, log.charged_tokens)
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(FINALIZE_REQUEST, values)
@@ -297,12 +323,14 @@ class Ledger:
 
 
 def _settlement(
-    key_id: int | None, user_id: int | None, reserved: int, charged: int
+    key_id: int | None, user_id: int | None, end_user_id: int | None, reserved: int, charged: int
 ) -> tuple[Update, dict[str, int]] | None:
     """The statement that replaces a request's reservation by its charge: on its person's quota where it has one
-    (their key or session), else on its key's."""
+    (their key or session), else on its front end's end user's, else on its key's."""
     if user_id is not None:
         return SETTLE_PERSON, {"kid": user_id, "reserved": reserved, "charged": charged}
+    if end_user_id is not None:
+        return SETTLE_END_USER, {"kid": end_user_id, "reserved": reserved, "charged": charged}
     if key_id is not None:
         return SETTLE, {"kid": key_id, "reserved": reserved, "charged": charged}
     return None

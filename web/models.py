@@ -80,6 +80,12 @@ class ApiKey(Base):
     priority: Mapped[str] = mapped_column(String(16), default="interactive", server_default="interactive")
     # A personal key: its owner's plan sets its limits and its requests count against the owner's quota.
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    # A trusted front end (Open WebUI and the like): each request may name its end user, who then runs as a
+    # tenant of their own (web/keys/front_end.py); with front_end_accounts, a name that is a person's account
+    # runs as that person. front_end_plan_id: the end users' plan (none: the key's own limits, per end user).
+    front_end: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    front_end_accounts: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    front_end_plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id", ondelete="SET NULL"))
 
 
 class KeyUsage(Base):
@@ -106,6 +112,7 @@ class RequestRecord(Base):
         Index("ix_requests_status", "status"),
         Index("ix_requests_backend_arrival_at", "backend", "arrival_at"),
         Index("ix_requests_user_id_arrival_at", "user_id", "arrival_at"),
+        Index("ix_requests_end_user_id_arrival_at", "end_user_id", "arrival_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -137,6 +144,8 @@ class RequestRecord(Base):
     # Which backend served it: "embedded", or a remote server's host:port (web/backends/status.py names them).
     backend: Mapped[str | None] = mapped_column(String(100))
     user: Mapped[str | None] = mapped_column(String(256))
+    # The end user a front-end key named (whose quota it counts against).
+    end_user_id: Mapped[int | None] = mapped_column(ForeignKey("end_users.id", ondelete="SET NULL"))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_text: Mapped[str | None] = mapped_column(Text)
     response_text: Mapped[str | None] = mapped_column(Text)
@@ -292,3 +301,24 @@ class OidcIdentity(Base):
     subject: Mapped[str] = mapped_column(String(255), primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class EndUser(Base):
+    """A person behind a trusted front-end key, as the front end names them (web/keys/front_end.py): their own
+    fair-share tenant and their own quota, counted here as user_usage counts a person's; plan_id none: the front
+    end's end-user plan. They go with their key."""
+
+    __tablename__ = "end_users"
+    __table_args__ = (Index("uq_end_users_key_id_name", "key_id", "name", unique=True),)
+
+    id: Mapped[int] = mapped_column(BigCount, primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(256))
+    plan_id: Mapped[int | None] = mapped_column(ForeignKey("plans.id", ondelete="SET NULL"))
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    reserved_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    total_requests: Mapped[int] = mapped_column(BigCount, default=0)
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -1,6 +1,7 @@
 """The quota statements the ledger runs: reserve (the period rolled over when it has ended, then used + reserved
-+ n checked against the quota, in one statement) and settle, for a key's own quota and for a person's, which all
-their keys and sessions share. Built once with bind parameters (see web/ledger.py for why)."""
++ n checked against the quota, in one statement) and settle, for a key's own quota, for a person's, which all
+their keys and sessions share, and for a front end's end user's. Built once with bind parameters (see
+web/ledger.py for why)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Integer, Table, Update, bindparam, case, or_, select, update
 
-from web.models import ApiKey, BigCount, KeyUsage, UserUsage, UTCDateTime
+from web.models import ApiKey, BigCount, EndUser, KeyUsage, UserUsage, UTCDateTime
 
 _keys = cast(Table, ApiKey.__table__)
 _key_usage = cast(Table, KeyUsage.__table__)
 _person_usage = cast(Table, UserUsage.__table__)
+_end_users = cast(Table, EndUser.__table__)
 NO_QUOTA = 2**62  # a person's quota bound when their plan has none: nothing sums up to it
 
 
@@ -59,3 +61,7 @@ SETTLE = _settle(_key_usage, _key_usage.c.key_id)
 # "quota" (NO_QUOTA for none), with "kid" their user id.
 RESERVE_PERSON = _reserve(_person_usage, _person_usage.c.user_id, bindparam("quota", type_=BigCount), None)
 SETTLE_PERSON = _settle(_person_usage, _person_usage.c.user_id)
+# A front end's end user's quota comes from the front end's end-user plan (or the key's own limits), read when
+# the request named them: bound as "quota", with "kid" the end_users row's id.
+RESERVE_END_USER = _reserve(_end_users, _end_users.c.id, bindparam("quota", type_=BigCount), None)
+SETTLE_END_USER = _settle(_end_users, _end_users.c.id)

@@ -1,4 +1,4 @@
-"""`appliance keys create|list|revoke|set`: API keys and their limits, straight on the database through web's
+"""`appliance keys create|list|revoke|set|end-users`: API keys and their limits, straight on the database through web's
 KeyService (the server need not run; a running one sees every change at its next request)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
+from appliance.cli import key_front_ends as fe
 from appliance.database import Database, with_database
 from appliance.settings import Settings
 from web.keys.service import MAX_WEIGHT, MIN_WEIGHT, PERIODS, PRIORITIES, KeyInfo, KeyLimits, KeyService
@@ -50,11 +51,12 @@ def weight_value(text: str) -> float:
 
 def add_parsers(commands: Any) -> None:
     keys = commands.add_parser("keys", help="create, list, revoke and change API keys (on the database)")
-    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="{create,list,revoke,set}")
+    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="{create,list,revoke,set,end-users}")
 
     create = actions.add_parser("create", help="create a key; it is printed once, on stdout, and never again")
     create.add_argument("name", help="who or what the key is for")
     _add_limit_flags(create, default_none=True)
+    fe.add_flags(create, create=True)
     create.add_argument("--json", action="store_true", help="print the key and its settings as JSON")
 
     listing = actions.add_parser("list", help="every key with its limits and usage in the current period")
@@ -67,6 +69,11 @@ def add_parsers(commands: Any) -> None:
     update.add_argument("key", help="the key's id, or its name when only one key has it")
     update.add_argument("--name", help="a new name")
     _add_limit_flags(update, default_none=False)
+    fe.add_flags(update, create=False)
+
+    named = actions.add_parser("end-users", help="the people a front-end key's requests named, with their usage")
+    named.add_argument("key", help="the key's id, or its name when only one key has it")
+    named.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _add_limit_flags(parser: argparse.ArgumentParser, *, default_none: bool) -> None:
@@ -117,7 +124,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             args.weight,
             args.priority,
         )
-        info, key = with_database(settings, lambda db: _service(db).create(args.name, limits))
+        front_end = fe.front_end_of(args, None) or fe.FrontEnd()
+        info, key = with_database(settings, lambda db: _service(db).create(args.name, limits, front_end=front_end))
         if args.json:
             print(json.dumps({"key": key, "info": key_json(info, None)}, indent=2))
             return
@@ -133,6 +141,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     elif command == "revoke":
         info = with_database(settings, lambda db: _revoke(db, args.key))
         print(f"revoked key {info.id} ({info.name}, {info.prefix}…)")
+    elif command == "end-users":
+        fe.print_end_users(with_database(settings, lambda db: _end_users(db, args.key)), args.json)
     else:
         info = with_database(settings, lambda db: _update(db, args))
         print(f"key {info.id} ({info.name}): {describe_limits(info)}")
@@ -162,7 +172,11 @@ async def _update(db: Database, args: argparse.Namespace) -> KeyInfo:
     service = _service(db)
     current = await _find(service, args.key)
     limits = KeyLimits(**{f.name: getattr(args, f.name, getattr(current, f.name)) for f in fields(KeyLimits)})
-    return await service.update(current.stored_id, args.name, limits)
+    return await service.update(current.stored_id, args.name, limits, fe.front_end_of(args, current))
+
+
+async def _end_users(db: Database, ref: str) -> list[fe.EndUserView]:
+    return await fe.end_users(db, (await _find(_service(db), ref)).stored_id)
 
 
 def describe_limits(info: KeyInfo) -> str:
@@ -174,7 +188,7 @@ def describe_limits(info: KeyInfo) -> str:
     else:
         quota = f"quota {info.quota_tokens:,} tokens per {info.quota_period}"
     concurrency = f"at most {info.max_concurrent} at once" if info.max_concurrent else "no concurrency limit"
-    return f"{cap}, {quota}, {concurrency}, weight {info.weight:g} {info.priority}"
+    return f"{cap}, {quota}, {concurrency}, weight {info.weight:g} {info.priority}{fe.describe(info)}"
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -194,6 +208,9 @@ def key_json(info: KeyInfo, usage: KeyUsage | None) -> dict[str, Any]:
         "max_concurrent": info.max_concurrent,
         "weight": info.weight,
         "priority": info.priority,
+        "front_end": info.front_end.enabled,
+        "front_end_accounts": info.front_end.accounts,
+        "front_end_plan_id": info.front_end.plan_id,
         "used_tokens": usage.used_tokens if usage else 0,
         "period_start": _iso(usage.period_start) if usage else None,
         "total_tokens": usage.total_tokens if usage else 0,

@@ -101,3 +101,23 @@ def test_bad_limits_are_refused_before_the_database_is_touched(
 
 def test_list_without_keys_says_how_to_make_one(cli: Cli) -> None:
     assert "appliance keys create NAME" in cli("keys", "list").out
+
+
+def test_front_end_flags_round_trip_and_end_users_are_listed(cli: Cli) -> None:
+    """`--front-end [--end-user-plan N] [--accounts]` on create and set; `keys end-users KEY` lists who it named."""
+    assert cli("keys", "create", "webui", "--front-end").code == 0
+    (entry,) = listed(cli)
+    assert (entry["front_end"], entry["front_end_accounts"], entry["front_end_plan_id"]) == (True, False, None)
+    missing = cli("keys", "set", "webui", "--end-user-plan", "7")
+    assert missing.code != 0 and "no plan with id 7" in missing.err
+    changed = cli("keys", "set", "webui", "--accounts", "--quota", "100")
+    assert changed.code == 0, changed.err
+    assert "front end: each end user under the key's limits, accounts matched" in changed.out
+    (entry,) = listed(cli)
+    assert (entry["front_end"], entry["front_end_accounts"], entry["quota_tokens"]) == (True, True, 100)
+    assert cli("keys", "set", "webui", "--no-front-end").code == 0
+    assert listed(cli)[0]["front_end"] is False
+    none_yet = cli("keys", "end-users", "webui")
+    assert none_yet.code == 0 and "no end users yet" in none_yet.out
+    as_json = cli("keys", "end-users", "webui", "--json")
+    assert as_json.code == 0 and json.loads(as_json.out) == []

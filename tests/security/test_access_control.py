@@ -128,6 +128,7 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("PATCH", "/admin/api/keys/{key_id:int}"): Call(200, json={"quota_tokens": 10}),
     ("DELETE", "/admin/api/keys/{key_id:int}"): Call(204),
     ("POST", "/admin/api/keys/{key_id:int}/revoke"): Call(200),
+    ("GET", "/admin/api/keys/{key_id:int}/end-users"): Call(200),
     ("GET", "/admin/api/requests"): Call(200),
     ("GET", "/admin/api/backends"): Call(200),
     ("GET", "/admin/api/requests/{request_id:str}"): Call(200),
@@ -178,6 +179,7 @@ ALLOWED: dict[tuple[str, str], Call] = {
     ("GET", "/admin/keys/{key_id:int}"): Call(303),  # a plain visit goes to the keys page; htmx gets the card
     ("POST", "/admin/keys/{key_id:int}"): Call(303, form={"name": "renamed", "quota_period": "none"}),
     ("GET", "/admin/keys/{key_id:int}/edit"): Call(303),
+    ("GET", "/admin/keys/{key_id:int}/end-users"): Call(200),
     ("POST", "/admin/keys/{key_id:int}/revoke"): Call(303),
     ("GET", "/admin/models"): Call(200),
     ("POST", "/admin/models/serve"): Call(409, form={"model": "no-such-model"}),  # refused, nothing switched

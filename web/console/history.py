@@ -45,6 +45,7 @@ class Filters:
     until: str
     query: HistoryFilter
     errors: list[str]
+    end_user: str = ""  # a front end's end user's id (from a key's end-users page)
 
     def url_params(self, **extra: Any) -> str:
         values = {
@@ -54,6 +55,7 @@ class Filters:
             "backend": self.backend,
             "since": self.since,
             "until": self.until,
+            "end_user": self.end_user,
             **extra,
         }
         return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
@@ -90,9 +92,12 @@ def _id(raw: str, label: str, errors: list[str]) -> int | None:
     return found
 
 
-def parse_filters(key: str, status: str, backend: str, since: str, until: str, person: str = "") -> Filters:
+def parse_filters(
+    key: str, status: str, backend: str, since: str, until: str, person: str = "", end_user: str = ""
+) -> Filters:
     errors: list[str] = []
     key_id, user_id = _id(key, "key", errors), _id(person, "person", errors)
+    end_user_id = _id(end_user, "end user", errors)
     if status and status not in STATUSES:
         errors.append(f"unknown status {status!r}")
         status = ""
@@ -100,8 +105,8 @@ def parse_filters(key: str, status: str, backend: str, since: str, until: str, p
         errors.append(f"unknown backend {backend[:BACKEND_MAX]!r}")
         backend = ""
     since_at, until_at = _when(since, "From", errors), _when(until, "Until", errors)
-    query = HistoryFilter(key_id, status or None, since_at, until_at, backend or None, user_id)
-    return Filters(key, person, status, backend, since, until, query, errors)
+    query = HistoryFilter(key_id, status or None, since_at, until_at, backend or None, user_id, end_user_id)
+    return Filters(key, person, status, backend, since, until, query, errors, end_user)
 
 
 @get("/history")
@@ -116,9 +121,10 @@ async def history_page(
     backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
+    end_user: FromQuery[str] = "",
     offset: FromQuery[int] = 0,
 ) -> Response[Any]:
-    filters = parse_filters(key, status, backend, since, until, person)
+    filters = parse_filters(key, status, backend, since, until, person, end_user)
     offset = min(max(offset, 0), SQLITE_INT_MAX)  # beyond the last row either way: an empty page
     rows, total = await history.list(filters.query, PAGE_SIZE, offset)
     pages = {
@@ -184,8 +190,9 @@ async def history_csv(
     backend: FromQuery[str] = "",
     since: FromQuery[str] = "",
     until: FromQuery[str] = "",
+    end_user: FromQuery[str] = "",
 ) -> Stream:
-    filters = parse_filters(key, status, backend, since, until, person)
+    filters = parse_filters(key, status, backend, since, until, person, end_user)
     if filters.errors:  # an export of other rows than asked for would pass for the one asked for
         raise InvalidRequest("; ".join(filters.errors))
     now = utcnow()

@@ -17,7 +17,7 @@ from web.console.auth import page_context
 from web.console.render import fragment, render, wanted_partial
 from web.errors import AppError
 from web.keys.schemas import KeyView
-from web.keys.service import PERIODS, PRIORITIES, KeyLimits
+from web.keys.service import PERIODS, PRIORITIES, FrontEnd, KeyLimits
 
 Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
 CHOICES = {"periods": PERIODS, "priorities": PRIORITIES}  # the key form's select boxes
@@ -33,6 +33,9 @@ class KeyForm(Struct, kw_only=True):
     max_concurrent: str = ""
     weight: str = "1"
     priority: str = "interactive"
+    front_end: str = ""  # a checkbox: "on" when ticked, absent when not
+    front_end_accounts: str = ""
+    front_end_plan_id: str = ""
     csrf_token: str = ""
 
 
@@ -74,6 +77,11 @@ def limits_of(form: KeyForm) -> KeyLimits:
     return limits
 
 
+def front_end_of(form: KeyForm) -> FrontEnd:
+    plan_id = _limit(form.front_end_plan_id, "End-user plan id")
+    return FrontEnd(bool(form.front_end), bool(form.front_end_accounts), plan_id)
+
+
 def _is_htmx(request: HTMXRequest) -> bool:
     return bool(request.htmx)
 
@@ -104,7 +112,7 @@ async def keys_page(request: HTMXRequest, views: deps.Views) -> Response[Any]:
 @post("/keys")
 async def create_key(request: HTMXRequest, keys: deps.Keys, views: deps.Views, data: Form) -> Response[Any]:
     try:
-        info, secret = await keys.create(data.name, limits_of(data))
+        info, secret = await keys.create(data.name, limits_of(data), front_end=front_end_of(data))
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
         context = _page(request, await views.all(), data, error=message)
@@ -122,6 +130,15 @@ async def key_card(request: HTMXRequest, views: deps.Views, key_id: FromPath[int
     return fragment("key-card", context)
 
 
+@get("/keys/{key_id:int}/end-users")
+async def end_users_page(
+    request: HTMXRequest, views: deps.Views, front_ends: deps.FrontEnds, key_id: FromPath[int]
+) -> Response[Any]:
+    """A front-end key's end users: name, usage, last seen, each with a link to their history."""
+    context = page_context(request, "keys", key=await views.one(key_id), end_users=await front_ends.end_users(key_id))
+    return render("console/end-users.html", context)
+
+
 @get("/keys/{key_id:int}/edit")
 async def edit_key_form(request: HTMXRequest, views: deps.Views, key_id: FromPath[int]) -> Response[Any]:
     if not _is_htmx(request):
@@ -135,7 +152,7 @@ async def update_key(
     request: HTMXRequest, keys: deps.Keys, views: deps.Views, key_id: FromPath[int], data: Form
 ) -> Response[Any]:
     try:
-        await keys.update(key_id, data.name, limits_of(data))
+        await keys.update(key_id, data.name, limits_of(data), front_end_of(data))
     except (FormError, AppError) as exc:
         message = exc.message if isinstance(exc, AppError) else str(exc)
         view = await views.one(key_id)

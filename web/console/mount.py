@@ -69,6 +69,7 @@ def pages(web_sessions: SessionStore) -> Pages:
             keys.keys_page,
             keys.create_key,
             keys.key_card,
+            keys.end_users_page,
             keys.edit_key_form,
             keys.update_key,
             keys.revoke_key,

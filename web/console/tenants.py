@@ -89,5 +89,8 @@ def holder_levers(holder: SeatHolder) -> list[str]:
 
 def _name(t: TenantStats, names: dict[str, str]) -> str:
     """A key's name, a person's user name (their tenant id is user:<id>), or the id itself (the engine's default
-    tenant: requests that came without a key)."""
+    tenant: requests that came without a key); a front end's end user (fe:<key id>:<name>) as "key / name"."""
+    if t.id.startswith("fe:") and t.id not in names:
+        key_id, _, end_user = t.id[3:].partition(":")
+        return f"{names.get(key_id, key_id)} / {end_user}"
     return names.get(t.id, t.id)

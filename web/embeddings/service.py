@@ -129,7 +129,8 @@ async def serve_embeddings(
             model, ask_for = decode(await read_body(request), log)
             info = embedder.served(model)
             ask = ask_for(info)
-            await embedder.admit(log, request.state.api_key, ask, info)
+            key = await ledger.payer(log, request.state.api_key, request.headers)
+            await embedder.admit(log, key, ask, info)
         return log, info, await embedder.run(log, ask)
     except AppError as exc:
         exc.headers["x-request-id"] = log.id

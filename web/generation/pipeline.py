@@ -86,12 +86,12 @@ async def serve(
     generations: Generations,
 ) -> Response[Any]:
     """One generation request through the pipeline, answered in its dialect's shapes."""
-    key: KeyInfo = request.state.api_key
     log = new_log(request, dialect.endpoint, dialect.id_prefix)
     with _named_refusals(log, dialect):
         async with ledger.refusals(log):
             body = dialect.decode(await read_body(request))
             streams = dialect.describe(body, log)
+            key: KeyInfo = await ledger.payer(log, request.state.api_key, request.headers)
             gate.check()
             ask = await dialect.ask(body, prompts.served(log.model))
             with _engine_names(dialect):

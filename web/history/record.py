@@ -106,6 +106,7 @@ class RequestLog:
     response_text: str | None = None
     backend: str | None = None  # the backend that serves it, set when the router picks one (a retry: the last)
     user_id: int | None = None  # the person whose quota it counts against (their key or session)
+    end_user_id: int | None = None  # else the front end's end user whose quota it counts against
 
     def wall(self, mono: float | None) -> datetime | None:
         return None if mono is None else self.arrival_at + timedelta(seconds=mono - self.arrival_mono)
@@ -144,6 +145,7 @@ class RequestLog:
             "id": self.id,
             "key_id": self.key_id,
             "user_id": self.user_id,
+            "end_user_id": self.end_user_id,
             "model": self.model,
             "endpoint": self.endpoint,
             "stream": self.stream,

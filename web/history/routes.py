@@ -28,6 +28,7 @@ class RequestView(Struct):
     key_id: int | None
     user_id: int | None  # the person it counted against: their session, or one of their personal keys
     username: str | None  # that person's user name (None for a service's key, or a person since deleted)
+    end_user_id: int | None  # else the front end's end user it counted against (the key's end-users list)
     model: str
     endpoint: str
     stream: bool
@@ -96,6 +97,7 @@ async def list_requests(
     accounts: deps.Accounts,
     key_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
     user_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
+    end_user_id: Annotated[int | None, QueryParameter(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)] = None,
     status: FromQuery[str | None] = None,
     since: FromQuery[str | None] = None,
     until: FromQuery[str | None] = None,
@@ -107,7 +109,8 @@ async def list_requests(
         raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}", param="status")
     if backend is not None and not is_backend_name(backend):
         raise InvalidRequest(f"backend must be a backend's name of 1 to {BACKEND_MAX} characters", param="backend")
-    filters = HistoryFilter(key_id, status, utc_time(since, "since"), utc_time(until, "until"), backend, user_id)
+    when = utc_time(since, "since"), utc_time(until, "until")
+    filters = HistoryFilter(key_id, status, *when, backend, user_id, end_user_id)
     rows, total = await history.list(filters, limit, offset)
     usernames = await accounts.names()
     return RequestPage([request_view(r, usernames) for r in rows], total, limit, offset)

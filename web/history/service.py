@@ -23,6 +23,7 @@ class HistoryFilter:
     until: datetime | None = None
     backend: str | None = None
     user_id: int | None = None  # the person a request counted against (their session or any of their keys)
+    end_user_id: int | None = None  # the front end's end user it counted against (web/keys/front_end.py)
 
 
 # The history's one order: newest first, the id breaking ties, so pages and exports never skip or repeat a row.
@@ -58,6 +59,8 @@ def _conditions(filters: HistoryFilter) -> list[Any]:
         conditions.append(RequestRecord.backend == filters.backend)
     if filters.user_id is not None:
         conditions.append(RequestRecord.user_id == filters.user_id)
+    if filters.end_user_id is not None:
+        conditions.append(RequestRecord.end_user_id == filters.end_user_id)
     return conditions
 
 

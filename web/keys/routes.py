@@ -1,4 +1,5 @@
-"""Admin JSON API for keys: list, create (the key is shown once), read, update, revoke, delete."""
+"""Admin JSON API for keys: list, create (the key is shown once), read, update, revoke, delete, and a front-end
+key's end users."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from litestar.types import Guard
 from msgspec import UNSET
 
 from web import deps
-from web.keys.schemas import CreatedKey, KeyCreate, KeyUpdate, KeyView
-from web.keys.service import KeyLimits
+from web.keys.schemas import CreatedKey, EndUserView, KeyCreate, KeyUpdate, KeyView
+from web.keys.service import FrontEnd, KeyLimits
 
 
 @get("/")
@@ -29,7 +30,8 @@ async def create_key(keys: deps.Keys, views: deps.Views, data: JSONBody[KeyCreat
         data.weight,
         data.priority,
     )
-    info, key = await keys.create(data.name, limits)
+    front_end = FrontEnd(data.front_end, data.front_end_accounts, data.front_end_plan_id)
+    info, key = await keys.create(data.name, limits, front_end=front_end)
     return CreatedKey(key=key, info=await views.one(info.stored_id))
 
 
@@ -53,8 +55,13 @@ async def update_key(keys: deps.Keys, views: deps.Views, key_id: FromPath[int], 
         pick(data.weight, current.weight),
         pick(data.priority, current.priority),
     )
+    front_end = FrontEnd(
+        pick(data.front_end, current.front_end.enabled),
+        pick(data.front_end_accounts, current.front_end.accounts),
+        pick(data.front_end_plan_id, current.front_end.plan_id),
+    )
     name = None if data.name is UNSET else data.name
-    await keys.update(key_id, name, limits)
+    await keys.update(key_id, name, limits, front_end)
     return await views.one(key_id)
 
 
@@ -62,6 +69,12 @@ async def update_key(keys: deps.Keys, views: deps.Views, key_id: FromPath[int], 
 async def revoke_key(keys: deps.Keys, views: deps.Views, key_id: FromPath[int]) -> KeyView:
     await keys.revoke(key_id)
     return await views.one(key_id)
+
+
+@get("/{key_id:int}/end-users")
+async def list_end_users(front_ends: deps.FrontEnds, key_id: FromPath[int]) -> list[EndUserView]:
+    """The people a front-end key's requests named, the most recently seen first."""
+    return await front_ends.end_users(key_id)
 
 
 @delete("/{key_id:int}", status_code=204)
@@ -72,6 +85,6 @@ async def delete_key(keys: deps.Keys, key_id: FromPath[int]) -> None:
 def keys_router(admin_guard: Guard) -> Router:
     return Router(
         path="/admin/api/keys",
-        route_handlers=[list_keys, create_key, get_key, update_key, revoke_key, delete_key],
+        route_handlers=[list_keys, create_key, get_key, update_key, revoke_key, delete_key, list_end_users],
         guards=[admin_guard],
     )

@@ -16,6 +16,7 @@ Weight = Annotated[
     float, Meta(ge=MIN_WEIGHT, le=MAX_WEIGHT, description="share against other busy keys (2 gets twice 1's)")
 ]
 KeyName = Annotated[str, Meta(min_length=1, pattern=r"\S")]  # one of only spaces is blank
+PlanId = Annotated[int, Meta(ge=1, le=SQLITE_INT_MAX, description="the end users' plan (null: the key's limits)")]
 
 
 class KeyCreate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -26,6 +27,10 @@ class KeyCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     max_concurrent: Limit | None = None
     weight: Weight = 1.0
     priority: Priority = "interactive"
+    # A trusted front end (Open WebUI): its requests may name their end users, each their own tenant and quota.
+    front_end: bool = False
+    front_end_accounts: bool = False  # a name that is an account's user name runs as that person (never an admin)
+    front_end_plan_id: PlanId | None = None
 
 
 class KeyUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,6 +43,9 @@ class KeyUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     max_concurrent: Limit | UnsetType | None = UNSET
     weight: Weight | UnsetType = UNSET
     priority: Priority | UnsetType = UNSET
+    front_end: bool | UnsetType = UNSET
+    front_end_accounts: bool | UnsetType = UNSET
+    front_end_plan_id: PlanId | UnsetType | None = UNSET
 
 
 class UsageView(Struct):
@@ -65,6 +73,23 @@ class KeyView(Struct):
     weight: float
     priority: str
     usage: UsageView
+    front_end: bool = False
+    front_end_accounts: bool = False
+    front_end_plan_id: int | None = None
+
+
+class EndUserView(Struct):
+    """One person behind a front-end key, as its requests named them, with their usage."""
+
+    id: int
+    name: str
+    plan_id: int | None  # their own plan; null: the front end's end-user plan
+    used_tokens: int
+    reserved_tokens: int
+    total_tokens: int
+    total_requests: int
+    first_seen_at: datetime
+    last_used_at: datetime | None
 
 
 class CreatedKey(Struct):

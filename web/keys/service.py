@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from engine import Tenant
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound, StorageUnavailable
 from web.history.writer import describe
-from web.models import ApiKey, KeyUsage, UserUsage, UTCDateTime, utcnow
+from web.models import ApiKey, EndUser, KeyUsage, Plan, UserUsage, UTCDateTime, utcnow
 
 log = logging.getLogger("web.keys")
 KEY_PREFIX = "sk-"
@@ -80,6 +80,19 @@ def next_period_start(period: str, start: datetime) -> datetime | None:
 
 
 @dataclass(frozen=True, slots=True)
+class FrontEnd:
+    """A key's trust as a front end: whether its requests may name their end users (each then their own tenant
+    and quota), whether a name that is a person's account runs as that person, and the end users' plan."""
+
+    enabled: bool = False
+    accounts: bool = False
+    plan_id: int | None = None
+
+
+NOT_FRONT_END = FrontEnd()
+
+
+@dataclass(frozen=True, slots=True)
 class KeyInfo:
     """What a request needs to know about its key; a plain snapshot, detached from any session. A person signed
     in on the chat page comes with no key (id None) and their user_id."""
@@ -100,6 +113,10 @@ class KeyInfo:
     user_id: int | None = None
     models: tuple[str, ...] = ()  # the served names it may use; empty: all
     quota_since: datetime | None = None
+    front_end: FrontEnd = NOT_FRONT_END
+    # A front end's end user (web/keys/front_end.py): the limits above are theirs, the quota counted theirs.
+    end_user_id: int | None = None
+    end_user: str | None = None
 
     @classmethod
     def of(cls, row: ApiKey | Row[Any]) -> KeyInfo:
@@ -116,19 +133,25 @@ class KeyInfo:
             row.weight,
             row.priority,
             row.user_id,
+            front_end=FrontEnd(row.front_end, row.front_end_accounts, row.front_end_plan_id),
         )
 
     @property
     def tenant(self) -> Tenant:
         """Who the engine's fair scheduler and the gateway's fair queue count this key's requests against: its
         owner, whichever of their keys or sessions a request comes by; a key of no one is its own tenant."""
-        tenant_id = str(self.id) if self.user_id is None else f"user:{self.user_id}"
+        if self.user_id is not None:
+            tenant_id = f"user:{self.user_id}"
+        elif self.end_user is not None:  # one of a front end's people: a tenant of their own
+            tenant_id = f"fe:{self.id}:{self.end_user}"
+        else:
+            tenant_id = str(self.id)
         return Tenant(tenant_id, self.weight, cast(Priority, self.priority))
 
     @property
     def holder(self) -> int | str:
         """Whose concurrency slots and quota a request takes: the owner's, or the key's own."""
-        return self.stored_id if self.user_id is None else person_holder(self.user_id)
+        return holder_of(self.id, self.user_id, self.end_user_id)
 
     @property
     def stored_id(self) -> int:
@@ -150,6 +173,16 @@ class KeyInfo:
 
 def person_holder(user_id: int) -> str:
     return f"user:{user_id}"
+
+
+def holder_of(key_id: int | None, user_id: int | None, end_user_id: int | None) -> int | str:
+    """Whose concurrency slots a request takes: its person's, else its end user's, else its key's."""
+    if user_id is not None:
+        return person_holder(user_id)
+    if end_user_id is not None:
+        return f"fe:{end_user_id}"
+    assert key_id is not None, "a request without a key is a signed-in person's"
+    return key_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +211,12 @@ class KeyLimits:
                 raise InvalidRequest(
                     f"{name} must be between 1 and {SQLITE_INT_MAX} (or null for no limit)", param=name
                 )
+
+
+async def _check_plan(session: AsyncSession, front_end: FrontEnd) -> None:
+    plan_id = front_end.plan_id
+    if plan_id is not None and (not 0 < plan_id <= SQLITE_INT_MAX or await session.get(Plan, plan_id) is None):
+        raise NotFound(f"no plan with id {plan_id}", param="front_end_plan_id")
 
 
 def _check_id(key_id: int) -> None:
@@ -225,7 +264,9 @@ class KeyService:
             )
         return KeyInfo.of(row)
 
-    async def create(self, name: str, limits: KeyLimits, user_id: int | None = None) -> tuple[KeyInfo, str]:
+    async def create(
+        self, name: str, limits: KeyLimits, user_id: int | None = None, front_end: FrontEnd = NOT_FRONT_END
+    ) -> tuple[KeyInfo, str]:
         """Returns the key's info and the key itself, which is never available again. A personal key (user_id)
         keeps no limits of its own: its owner's plan gives them."""
         limits.check()
@@ -244,18 +285,29 @@ class KeyService:
             weight=limits.weight,
             priority=limits.priority,
             user_id=user_id,
+            front_end=front_end.enabled,
+            front_end_accounts=front_end.accounts,
+            front_end_plan_id=front_end.plan_id,
         )
         async with self.sessions.begin() as session:
+            await _check_plan(session, front_end)
             session.add(row)
             await session.flush()
             start = period_start(limits.quota_period, now, now)
             session.add(KeyUsage(key_id=row.id, period_start=start, used_tokens=0, reserved_tokens=0))
         return KeyInfo.of(row), key
 
-    async def update(self, key_id: int, name: str | None, limits: KeyLimits) -> KeyInfo:
+    async def update(
+        self, key_id: int, name: str | None, limits: KeyLimits, front_end: FrontEnd | None = None
+    ) -> KeyInfo:
+        """front_end None: the key's front-end settings stay as they are."""
         limits.check()
         async with self.sessions.begin() as session:
             row = await self._get(session, key_id)
+            if front_end is not None:
+                await _check_plan(session, front_end)
+                row.front_end, row.front_end_accounts = front_end.enabled, front_end.accounts
+                row.front_end_plan_id = front_end.plan_id
             if name is not None:
                 if not name.strip():
                     raise InvalidRequest("name must not be blank", param="name")
@@ -320,9 +372,11 @@ class KeyService:
         if key.quota_tokens is None:
             return None
         async with self.sessions() as session:
-            usage: KeyUsage | UserUsage | None
+            usage: KeyUsage | UserUsage | EndUser | None
             if key.user_id is not None:  # a personal key: its owner's quota
                 usage = await session.get(UserUsage, key.user_id)
+            elif key.end_user_id is not None:  # a front end's end user: theirs
+                usage = await session.get(EndUser, key.end_user_id)
             else:
                 usage = await session.get(KeyUsage, key.id)
         if usage is None:

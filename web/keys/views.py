@@ -41,6 +41,9 @@ def key_view(key: KeyInfo, usage: KeyUsage | None, in_flight: int) -> KeyView:
         max_concurrent=key.max_concurrent,
         weight=key.weight,
         priority=key.priority,
+        front_end=key.front_end.enabled,
+        front_end_accounts=key.front_end.accounts,
+        front_end_plan_id=key.front_end.plan_id,
         usage=UsageView(
             period_start=start,
             period_end=end,

@@ -176,8 +176,8 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
         statuses.add(404)
     if "requestBody" in operation:
         statuses.add(413)
-    if path in ("/admin/api/users", "/admin/api/invites") and method == "post":
-        statuses.add(404)  # a plan_id that names no plan
+    if path in ("/admin/api/users", "/admin/api/invites", "/admin/api/keys") and method == "post":
+        statuses.add(404)  # a plan_id (a key's front_end_plan_id) that names no plan
     if path in ("/admin/api/users", "/admin/api/plans") and method == "post":
         statuses.add(409)  # a name taken
     if path == "/admin/api/users/{user_id}" and method in ("patch", "delete"):

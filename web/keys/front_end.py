@@ -1,0 +1,156 @@
+"""Trusted front ends: Open WebUI (or any chat front end) in front of the gateway speaks for many people with one
+key. On a key the admin marked as a front end, a request may name the person it is for (its end user), who then
+runs as a tenant of their own: their own fair-share seat (`fe:<key>:<name>`), their own quota under the front
+end's end-user plan, their own history rows. With front_end_accounts on, a name that is an account's user name
+(role user: never an admin) runs as that person, as if they had signed in.
+
+An ordinary key's names are ignored: it stays one tenant, and no header can spend anyone else's quota."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from web.errors import AuthenticationFailed, InvalidRequest, NotFound
+from web.keys.schemas import EndUserView
+from web.keys.service import SQLITE_INT_MAX, KeyInfo, KeyLimits
+from web.models import ApiKey, EndUser, Plan, User, utcnow
+from web.people.plans import PlanInfo, Plans
+
+# What Open WebUI sends with ENABLE_FORWARD_USER_INFO_HEADERS=true, the stable id first (X-OpenWebUI-User-Name is
+# a display name, which people share and change: never a tenant).
+NAME_HEADERS = ("x-openwebui-user-id", "x-openwebui-user-email")
+MAX_NAME = 256  # requests.user's and end_users.name's width
+
+
+def check_name(name: str) -> str:
+    if not 1 <= len(name) <= MAX_NAME or not name.isprintable() or not name.strip():
+        raise InvalidRequest(
+            f"an end user's name has 1 to {MAX_NAME} printable characters (X-OpenWebUI-User-Id, "
+            "X-OpenWebUI-User-Email, or the body's user)",
+            param="user",
+        )
+    return name
+
+
+def named_end_user(headers: Mapping[str, str], body_user: str | None) -> str | None:
+    """The end user a request names: X-OpenWebUI-User-Id, else X-OpenWebUI-User-Email, else the body's user
+    (OpenAI's `user`, Anthropic's `metadata.user_id`); None where it names none."""
+    for value in (*(headers.get(h) for h in NAME_HEADERS), body_user):
+        if value is not None:
+            return check_name(value)
+    return None
+
+
+class FrontEnds:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], plans: Plans) -> None:
+        self.sessions = sessions
+        self.plans = plans
+
+    async def resolve(self, key: KeyInfo, headers: Mapping[str, str], body_user: str | None) -> KeyInfo:
+        """Who a request runs as: its key, or on a front-end key the end user (or account) it names."""
+        if not key.front_end.enabled or key.id is None or key.user_id is not None:
+            return key  # untrusted: whatever it names, the key is the tenant and pays
+        name = named_end_user(headers, body_user)
+        if name is None:
+            return key
+        if key.front_end.accounts:
+            person = await self._account(name)
+            if person is not None:
+                if person.suspended:
+                    raise AuthenticationFailed(f"the account {name!r} is suspended", code="account_suspended")
+                return await self.plans.apply(dataclasses.replace(key, user_id=person.id))
+        return await self._end_user(key, name)
+
+    async def end_users(self, key_id: int) -> list[EndUserView]:
+        """A key's end users, the most recently seen first (the admin's view)."""
+        async with self.sessions() as session:
+            if not 0 < key_id <= SQLITE_INT_MAX or await session.get(ApiKey, key_id) is None:
+                raise NotFound(f"no API key with id {key_id}", param="key_id")
+            rows = await session.scalars(
+                select(EndUser)
+                .where(EndUser.key_id == key_id)
+                .order_by(EndUser.last_used_at.desc().nulls_last(), EndUser.name)
+            )
+            return [
+                EndUserView(
+                    r.id,
+                    r.name,
+                    r.plan_id,
+                    r.used_tokens,
+                    r.reserved_tokens,
+                    r.total_tokens,
+                    r.total_requests,
+                    r.first_seen_at,
+                    r.last_used_at,
+                )
+                for r in rows
+            ]
+
+    async def _account(self, name: str) -> User | None:
+        """The person whose user name the name is, where they may be spoken for: role user (an admin's power is
+        never one header away)."""
+        async with self.sessions() as session:
+            person = await session.scalar(select(User).where(User.username == name.strip().lower()))
+        return person if person is not None and person.role == "user" else None
+
+    async def _end_user(self, key: KeyInfo, name: str) -> KeyInfo:
+        key_id = key.stored_id
+        row, plan = await self._row(key_id, name, key.front_end.plan_id)
+        if plan is None:  # no end-user plan: the key's own limits, for each end user
+            limits = KeyLimits(
+                key.max_tokens_per_request,
+                key.quota_tokens,
+                key.quota_period,
+                key.max_concurrent,
+                key.weight,
+                key.priority,
+            )
+            models = key.models
+        else:
+            limits, models = plan.limits, plan.models
+        return dataclasses.replace(
+            key,
+            max_tokens_per_request=limits.max_tokens_per_request,
+            quota_tokens=limits.quota_tokens,
+            quota_period=limits.quota_period,
+            max_concurrent=limits.max_concurrent,
+            weight=limits.weight,
+            priority=limits.priority,
+            models=models,
+            quota_since=row.first_seen_at,
+            end_user_id=row.id,
+            end_user=name,
+        )
+
+    async def _row(self, key_id: int, name: str, default_plan: int | None) -> tuple[EndUser, PlanInfo | None]:
+        """The end user's row (made at their first request) and their plan: their own, else the front end's."""
+        by_name = select(EndUser).where(EndUser.key_id == key_id, EndUser.name == name)
+        for _ in range(2):  # a first request racing another of the same new end user: the loser reads its row
+            try:
+                async with self.sessions.begin() as session:
+                    row = await session.scalar(by_name)
+                    if row is None:
+                        now = utcnow()
+                        row = EndUser(
+                            key_id=key_id,
+                            name=name,
+                            period_start=now,
+                            used_tokens=0,
+                            reserved_tokens=0,
+                            total_tokens=0,
+                            total_requests=0,
+                            first_seen_at=now,
+                        )
+                        session.add(row)
+                        await session.flush()
+                    plan_id = row.plan_id if row.plan_id is not None else default_plan
+                    plan = None if plan_id is None else await session.get(Plan, plan_id)
+                    return row, None if plan is None else PlanInfo.of(plan)
+            except IntegrityError:
+                continue
+        raise InvalidRequest(f"the end user {name!r} could not be recorded; retry", param="user")
