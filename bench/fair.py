@@ -8,7 +8,10 @@ policies take turns in short rounds; the heavy key's streams come from a process
 
 --front-end: the tenants are end users of one front-end key instead (`appliance keys create --front-end`), each
 named as Open WebUI names them (X-OpenWebUI-User-Id): three light ones and a greedy one. The fair scheduler must
-then keep the light people's TTFT as it keeps the light keys'."""
+then keep the light people's TTFT as it keeps the light keys'.
+
+--people: the tenants are four people of one plan, each signed in once to make a personal key (bench/people.py),
+three light and one greedy: each person is one fair-share tenant (`user:<id>`), whatever key or session they use."""
 
 from __future__ import annotations
 
@@ -28,12 +31,14 @@ from pathlib import Path
 import httpx
 
 from bench.engine.runs import percentile
+from bench.people import people_keys
 from bench.servers import Server, clean_env, create_keys, free_port, running
 
 MODEL = "random:tiny"
 METRICS_TOKEN = "bench-fair-metrics"
 LIGHT_KEYS = [f"light-{i}" for i in range(4)]
 FRONT_END_KEY = "webui"
+ADMIN_PASSWORD = "bench-fair-admin-password"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,11 @@ class Tenants:
     @classmethod
     def of_keys(cls, keys: dict[str, str]) -> Tenants:
         return cls({name: bearer(keys[name]) for name in LIGHT_KEYS}, bearer(keys["heavy"]))
+
+    @classmethod
+    def of_people(cls, keys: dict[str, str]) -> Tenants:
+        """Four people of one plan, each through a personal key (bench/people.py): three light, one greedy."""
+        return cls({name: bearer(keys[name]) for name in LIGHT_KEYS[:3]}, bearer(keys["greedy"]))
 
     @classmethod
     def of_front_end(cls, key: str) -> Tenants:
@@ -79,6 +89,7 @@ def server_for(policy: str, seats: int, data_dir: Path) -> Server:
         "APPLIANCE_POLICY": policy,
         "APPLIANCE_METRICS_TOKEN": METRICS_TOKEN,
         "APPLIANCE_LOG_LEVEL": "warning",
+        "APPLIANCE_ADMIN_PASSWORD": ADMIN_PASSWORD,  # --people makes its people through the admin API
     }
     appliance = str(Path(sys.executable).with_name("appliance"))
     url = f"http://127.0.0.1:{port}"
@@ -219,9 +230,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the tenants are four end users of one front-end key (X-OpenWebUI-User-Id), one of them greedy",
     )
+    p.add_argument(
+        "--people",
+        action="store_true",
+        help="the tenants are four people of one plan, each with a personal key, one of them greedy",
+    )
     args = p.parse_args(argv)
-    who = "3 light end users of one front-end key" if args.front_end else "4 light keys"
-    heavy = "a greedy end user" if args.front_end else "a heavy key"
+    if args.front_end and args.people:
+        p.error("--front-end or --people, not both")
+    who = (
+        "3 light end users of one front-end key"
+        if args.front_end
+        else "3 light people of one plan"
+        if args.people
+        else "4 light keys"
+    )
+    heavy = "a greedy end user" if args.front_end else "a greedy person" if args.people else "a heavy key"
     print(
         f"{MODEL} served, {args.seats} seats: {who} ({args.light_tokens} tokens every ~{args.interval} s "
         f"each), {heavy} with {args.heavy_streams} x {args.heavy_tokens}-token streams in flight"
@@ -237,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.front_end:
                 made = create_keys(data, [FRONT_END_KEY], "--front-end")
                 keys[policy] = Tenants.of_front_end(made[FRONT_END_KEY])
-            else:
+            elif not args.people:
                 keys[policy] = Tenants.of_keys(create_keys(data, ["heavy", *LIGHT_KEYS]))
             server = server_for(policy, args.seats, data)
             servers.enter_context(running(server))
             urls[policy] = server.url
+            if args.people:  # people sign in on the running server to make their keys
+                keys[policy] = Tenants.of_people(people_keys(server.url, ADMIN_PASSWORD, [*LIGHT_KEYS[:3], "greedy"]))
         # Short rounds, the policies taking turns (the idle server waits), so a machine whose load drifts
         # weighs on both alike.
         for _ in range(args.rounds):
