@@ -62,7 +62,8 @@ def test_every_state_changing_console_route_needs_the_sessions_csrf_token(
             assert appliance.http.get("/admin/api/users", headers=ADMIN).json() == people_before
             checked += 1
     assert appliance.page(session, "/admin").status_code == 200  # the forged logouts ended nothing
-    for method, template in routes:
+    # The person's deletion last: the routes after it would find no one (404).
+    for method, template in sorted(routes, key=lambda route: route[1].endswith("/delete")):
         if template == "/admin/logout":
             continue
         path = _filled(template, key_id, user_id, plan_id)
