@@ -64,10 +64,10 @@ typecheck: setup
 # worker, and each worker had started a vLLM server of its own (the groups did not keep the vLLM fixtures on one
 # worker). `pytest -m "not slow"` is the quick tier.
 #
-# Two processes instead: the in-process suites (`-m beside`, tests/conftest.py) run a little niced beside the rest
+# Two processes instead: the in-process gateway suites (`-m beside`, tests/conftest.py) run a little niced beside the rest
 # and print their report after it; either failing fails the target.
 BESIDE_LOG := artifacts/pytest-beside.log
-BESIDE_DIRS := tests/security  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
+BESIDE_DIRS := tests/security tests/web  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
 pytest: sysdeps-test setup vllm-env
 	@mkdir -p artifacts
 	nice -n 5 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m beside $(BESIDE_DIRS) > $(BESIDE_LOG) 2>&1 & beside=$$!; \

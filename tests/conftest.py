@@ -48,7 +48,7 @@ VLLM_GROUP = "vllm"
 # In-process suites (the app on the fake engine behind Litestar's test client; no server, no subprocess): pure
 # Python on one core, so `make test` runs them in a second pytest process beside the rest (`-m beside`), whose
 # waits on real servers, browsers and installs leave a core idle much of the time.
-BESIDE_FOLDERS = frozenset({"security"})
+BESIDE_FOLDERS = frozenset({"security", "web"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
