@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound
 from web.keys.schemas import EndUserView
-from web.keys.service import SQLITE_INT_MAX, KeyInfo, KeyLimits
+from web.keys.service import SQLITE_INT_MAX, KeyInfo
 from web.models import ApiKey, EndUser, Plan, User, utcnow
 from web.people.plans import PlanInfo, Plans
 
@@ -101,31 +101,9 @@ class FrontEnds:
     async def _end_user(self, key: KeyInfo, name: str) -> KeyInfo:
         key_id = key.stored_id
         row, plan = await self._row(key_id, name, key.front_end.plan_id)
-        if plan is None:  # no end-user plan: the key's own limits, for each end user
-            limits = KeyLimits(
-                key.max_tokens_per_request,
-                key.quota_tokens,
-                key.quota_period,
-                key.max_concurrent,
-                key.weight,
-                key.priority,
-            )
-            models = key.models
-        else:
-            limits, models = plan.limits, plan.models
-        return dataclasses.replace(
-            key,
-            max_tokens_per_request=limits.max_tokens_per_request,
-            quota_tokens=limits.quota_tokens,
-            quota_period=limits.quota_period,
-            max_concurrent=limits.max_concurrent,
-            weight=limits.weight,
-            priority=limits.priority,
-            models=models,
-            quota_since=row.first_seen_at,
-            end_user_id=row.id,
-            end_user=name,
-        )
+        # No end-user plan: the key's own limits, for each end user.
+        limits, models = (key.limits, key.models) if plan is None else (plan.limits, plan.models)
+        return key.running_under(limits, models, row.first_seen_at, end_user_id=row.id, end_user=name)
 
     async def _row(self, key_id: int, name: str, default_plan: int | None) -> tuple[EndUser, PlanInfo | None]:
         """The end user's row (made at their first request) and their plan: their own, else the front end's."""

@@ -129,17 +129,7 @@ class Plans:
         user, limits, models = await self.person_limits(key.user_id)
         if user.suspended or user.role == "pending":
             raise AuthenticationFailed("this API key's owner is suspended or not approved", code="revoked_api_key")
-        return dataclasses.replace(
-            key,
-            max_tokens_per_request=limits.max_tokens_per_request,
-            quota_tokens=limits.quota_tokens,
-            quota_period=limits.quota_period,
-            max_concurrent=limits.max_concurrent,
-            weight=limits.weight,
-            priority=limits.priority,
-            models=models,
-            quota_since=user.created_at,
-        )
+        return key.running_under(limits, models, user.created_at)
 
     async def _row(self, session: AsyncSession, plan_id: int) -> Plan:
         row = await session.get(Plan, plan_id) if 0 < plan_id <= SQLITE_INT_MAX else None
