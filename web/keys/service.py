@@ -8,7 +8,7 @@ import hmac
 import logging
 import math
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast, get_args
 
@@ -167,18 +167,7 @@ class KeyInfo:
     def running_under(self, limits: KeyLimits, models: tuple[str, ...], quota_since: datetime, **who: Any) -> KeyInfo:
         """This key as a request runs it under someone else's limits (a personal key's owner's plan, a front end's
         end user's): the one place a plan's limits are copied onto a key; `who` names whose they are."""
-        return replace(
-            self,
-            max_tokens_per_request=limits.max_tokens_per_request,
-            quota_tokens=limits.quota_tokens,
-            quota_period=limits.quota_period,
-            max_concurrent=limits.max_concurrent,
-            weight=limits.weight,
-            priority=limits.priority,
-            models=models,
-            quota_since=quota_since,
-            **who,
-        )
+        return replace(self, **asdict(limits), models=models, quota_since=quota_since, **who)
 
     @property
     def stored_id(self) -> int:
