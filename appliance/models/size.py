@@ -37,8 +37,8 @@ PACKED_BYTES_PER_WEIGHT = {3: (64 + 256) / 512, 8: (32 + 512) / 512, 2: (32 + 51
 # peak 2,167 MiB for 1,268 MiB of weights (253 of it the imports).
 STREAM_LOAD_BYTES = 1 << 30
 FALLBACK_COPIES = 3
-# The whole-file conversion (what bitsandbytes quantization still needs): the float32 model, and its copy as saved.
-CONVERSION_COPIES = 2
+# bitsandbytes on a streamed GGUF (engine/model/bnb.py): each linear weight is dequantized whole on the host in the
+# compute dtype, then quantized on the device; the rest goes to the device a chunk of rows at a time.
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Shape:
     context: int
     cpu_float32_bytes: int | None = None  # a GGUF's weights as the engine keeps them on a CPU in float32
     largest_fallback: int = 0  # a GGUF's largest linear weight no packed form holds, as float32 bytes
+    largest_linear: int = 0  # a GGUF's largest linear weight bitsandbytes quantizes, in weights
 
     def weights_bytes(self, quantization: str, dtype_bytes: int) -> int:
         per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
@@ -157,9 +158,11 @@ def _from_gguf(path: Path) -> Shape:
     linear = layers * (attention + 3 * hidden * int(field(f"{arch}.feed_forward_length")))
     tied = "output.weight" not in header.tensor_names
     embeddings = header.array_lengths.get("tokenizer.ggml.tokens", 0) * hidden * (1 if tied else 2)
-    compact, fallback = 0, 0
+    compact, fallback, largest = 0, 0, 0
     for name, (kind, dims) in header.tensors.items():
         count = math.prod(dims)
+        if name.startswith("blk.") and len(dims) == 2:
+            largest = max(largest, count)
         packed = PACKED_BYTES_PER_WEIGHT.get(kind) if len(dims) == 2 else None
         if name == "token_embd.weight":  # the embedding stays float32; a tied head is packed from it
             compact += 4 * count + (int((packed or 4) * count) if tied else 0)
@@ -177,6 +180,7 @@ def _from_gguf(path: Path) -> Shape:
         context=int(field(f"{arch}.context_length")),
         cpu_float32_bytes=compact,
         largest_fallback=fallback,
+        largest_linear=largest,
     )
 
 
@@ -186,7 +190,8 @@ class MemoryNeed:
     kv_per_token: int
     context: int  # tokens one full-length sequence holds
     overhead: int
-    load_peak: int  # host memory while the weights load: for a GGUF, more than the weights it leaves
+    load_peak: int  # host memory while the weights load: for a GGUF, more than the weights it leaves (on a GPU: RAM
+    # the load passes through, not the weights)
 
     @property
     def minimum(self) -> int:
@@ -204,13 +209,13 @@ def memory_need(
 ) -> MemoryNeed:
     context = min(shape.context, max_model_len) if max_model_len else shape.context
     weights = shape.weights_bytes(quantization, dtype_bytes)
-    peak = weights
+    peak = 0 if gpu else weights  # from_pretrained puts a directory's weights on a GPU directly
     if shape.cpu_float32_bytes is not None and quantization == "none":
         if not gpu and dtype_bytes == 4:
             weights = shape.cpu_float32_bytes
-        peak = weights + STREAM_LOAD_BYTES + FALLBACK_COPIES * shape.largest_fallback
-    elif shape.cpu_float32_bytes is not None:
-        peak = CONVERSION_COPIES * shape.weights_bytes("none", 4)
+        peak = (0 if gpu else weights) + STREAM_LOAD_BYTES + FALLBACK_COPIES * shape.largest_fallback
+    elif shape.cpu_float32_bytes is not None:  # bitsandbytes quantizes it as it streams
+        peak = (0 if gpu else weights) + STREAM_LOAD_BYTES + shape.largest_linear * dtype_bytes
     return MemoryNeed(
         weights=weights,
         kv_per_token=shape.kv_bytes_per_token(dtype_bytes, kv_cache_dtype),
@@ -232,6 +237,7 @@ class Machine:
     available: int  # free VRAM (within the cap), or available RAM
     quantization: str
     dtype: str
+    ram: int | None = None  # available RAM beside a GPU, which the load passes through (None: not asked)
 
 
 def machine(settings: Settings) -> Machine:
@@ -246,7 +252,8 @@ def machine(settings: Settings) -> Machine:
     if free is None:
         return Machine(False, psutil.virtual_memory().available, quantization, dtype)
     cap = settings.gpu_memory_cap_bytes
-    return Machine(True, min(free, cap) if cap else free, quantization, dtype)
+    ram = psutil.virtual_memory().available
+    return Machine(True, min(free, cap) if cap else free, quantization, dtype, ram)
 
 
 def _free_vram(device: str) -> int | None:
@@ -279,7 +286,7 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
     available = on.available + reclaim
     if on.gpu:
         kv_budget = int(available * settings.gpu_memory_utilization) - need.weights - need.overhead
-        room = True
+        room = on.ram is None or need.load_peak <= on.ram
     else:
         kv_budget = settings.kv_cache_bytes
         room = max(need.weights + kv_budget, need.load_peak) <= available
@@ -293,5 +300,5 @@ def fit(shape: Shape, settings: Settings, on: Machine, reclaim: int = 0) -> Fit:
         chats=chats,
         chat_tokens=chat_tokens,
         precision=f"{on.quantization}, {on.dtype}" + ("" if kv_dtype == "auto" else f", KV {kv_dtype}"),
-        load_peak=need.load_peak if not on.gpu else 0,
+        load_peak=need.load_peak if not (on.gpu and room) else 0,
     )

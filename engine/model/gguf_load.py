@@ -43,6 +43,8 @@ from engine.cpu.packed_linear import PackedLinear, pack_blocks, pack_exactly
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from engine.model.bnb import LayerQuantizer
+
 __all__ = ["GGUFStreamUnsupported", "load_gguf"]
 
 Q = GGMLQuantizationType
@@ -63,14 +65,23 @@ Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 def load_gguf(
-    path: Path, config_dir: Path, device: torch.device, dtype: torch.dtype, compact: bool, attn: str | None
+    path: Path,
+    config_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    compact: bool,
+    attn: str | None,
+    quantizer: LayerQuantizer | None = None,
 ) -> tuple[PreTrainedModel, Counter[str]]:
     """The model of `path` (its config and tokenizer already saved in config_dir), and how many linear layers took
-    each packed form. compact: pack linear layers (a CPU in float32, the kernel built)."""
+    each packed form. compact: pack linear layers (a CPU in float32, the kernel built). quantizer: bitsandbytes
+    quantizes each linear layer's weight as it is read (never with compact)."""
     hf_config = AutoConfig.from_pretrained(config_dir)
     extra = {"attn_implementation": attn} if attn else {}
     with init_empty_weights():  # parameters on the meta device; buffers (rotary frequencies) real
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **extra)
+    if quantizer is not None:
+        quantizer.prepare(model)
     cached = config_dir / CACHE_NAME
     if compact and cached.is_file() and (counts := _from_cache(model, cached)) is not None:
         return _checked(model, path, counts, device)
@@ -95,6 +106,10 @@ def load_gguf(
             module_name, attr = target.rsplit(".", 1)
             module = model.get_submodule(module_name)
             as_linear = compact and type(module) is nn.Linear and attr == "weight"
+            if quantizer is not None and quantizer.takes(module, attr):
+                values = _dequantized(tensor, rows, quantizer.dtype, torch.device("cpu"))
+                quantizer.quantize(module, values.view(module.get_parameter(attr).shape))
+                continue
             found = _packed(tensor, rows) if as_linear else None
             if found is None:
                 values = _dequantized(tensor, rows, dtype, device).view(module.get_parameter(attr).shape)

@@ -1,6 +1,7 @@
 """A GGUF file as a model source: its readable name, its load tensor by tensor (engine.model.gguf_load) with only
-its config and tokenizer cached, and the whole-file conversion into a float32 safetensors directory that
-bitsandbytes quantization, vLLM and the files the streamed load cannot take still use."""
+its config and tokenizer cached (bitsandbytes quantizing each linear layer as it is read, where configured), and
+the whole-file conversion into a float32 safetensors directory that vLLM and the files the streamed load cannot
+take still use."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from engine.model.sources import default_model_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from engine.model.bnb import LayerQuantizer
 
 # A quantization tag ending a GGUF stem ("model.Q4_1", "model-Q4_K_M", "model.f16") is not part of its name.
 _QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
@@ -43,6 +46,7 @@ def streamed_gguf(
     dtype: torch.dtype,
     compact: bool,
     attn: str | None,
+    quantizer: LayerQuantizer | None,
     report: Progress,
 ) -> tuple[PreTrainedModel, Path, Counter[str]] | None:
     """The GGUF loaded tensor by tensor, the directory of its cached config and tokenizer (in gguf-config/, a
@@ -66,7 +70,7 @@ def streamed_gguf(
     report(f"loading {gguf.name} tensor by tensor …")
     try:
         with step(f"loading {gguf}"), heartbeat(report, "loading the GGUF's tensors"):
-            model, forms = load_gguf(gguf, config_dir, device, dtype, compact, attn)
+            model, forms = load_gguf(gguf, config_dir, device, dtype, compact, attn, quantizer)
     except ModelLoadError as exc:
         if not isinstance(exc.__cause__, GGUFStreamUnsupported):
             raise

@@ -13,12 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    BitsAndBytesConfig,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from engine.config import EngineConfig
@@ -27,6 +22,7 @@ from engine.cpu.packed_linear import pack_linears
 from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
 from engine.cpu.prepack import onednn_bf16, prepack_linears
 from engine.errors import ModelLoadError
+from engine.model.bnb import LayerQuantizer, bnb_config
 from engine.model.gguf_source import converted_gguf, gguf_name, gguf_path, streamed_gguf
 from engine.model.load_progress import Progress, bars_as_lines, step
 from engine.model.model_cache import gguf_cache_dir, is_complete, staging_dir
@@ -102,7 +98,7 @@ def load_model(
     if config.model.startswith(RANDOM_PREFIX):
         name = config.model
         model, source_dir = _random_model(config, device, dtype, attn_implementation, report)
-    elif gguf is not None and config.quantization == "none":
+    elif gguf is not None:
         name = gguf_name(gguf)
         model, source_dir, streamed = _gguf_model(gguf, config, device, dtype, attn_implementation, report)
     else:
@@ -163,15 +159,19 @@ def _compacted(plan: CpuPlan, counts: Counter[str], report: Progress) -> CpuPlan
 def _gguf_model(
     gguf: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype, attn: str | None, report: Progress
 ) -> tuple[PreTrainedModel, Path, Counter[str]]:
-    """A GGUF tensor by tensor, its blocks packed where the CPU plan packs linear layers; converted whole where
-    the streamed load cannot take the file."""
+    """A GGUF tensor by tensor, its blocks packed where the CPU plan packs linear layers, or quantized by
+    bitsandbytes as they are read; converted whole where the streamed load cannot take the file."""
     linears = cpu_plan(config, device.type, _name(dtype), None, this_machine(onednn_bf16())).linears
     compact = linears.choice is Linears.COMPACT
-    loaded = streamed_gguf(gguf, config.model_cache_dir, device, dtype, compact, attn, report)
+    quantizer = None if config.quantization == "none" else LayerQuantizer(config.quantization, dtype, device)
+    loaded = streamed_gguf(
+        gguf, config.model_cache_dir, device, dtype, compact and quantizer is None, attn, quantizer, report
+    )
     if loaded is not None:
         return loaded
     source_dir = converted_gguf(gguf, config.model_cache_dir, report)
-    return _from_pretrained(source_dir, "none", device, dtype, attn, report), source_dir, Counter()
+    model = _from_pretrained(source_dir, config.quantization, device, dtype, attn, report)
+    return model, source_dir, Counter()
 
 
 def _checkpoint_dir(spec: str, cache_root: Path, report: Progress) -> tuple[Path, str]:
@@ -211,22 +211,11 @@ def _from_pretrained(
         kwargs["attn_implementation"] = attn_implementation
     how = "without quantization"
     if quantization != "none":
-        kwargs["quantization_config"] = _bnb_config(quantization, dtype)
+        kwargs["quantization_config"] = bnb_config(quantization, dtype)
         how = f"quantized to {quantization} by bitsandbytes"
     report(f"loading weights {how} …")
     with step(f"loading {source_dir} {how} on {device}"), bars_as_lines(report):
         return AutoModelForCausalLM.from_pretrained(source_dir, **kwargs)
-
-
-def _bnb_config(quantization: str, dtype: torch.dtype) -> BitsAndBytesConfig:
-    if quantization == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=quantization,
-        bnb_4bit_compute_dtype=dtype,
-        bnb_4bit_use_double_quant=False,
-    )
 
 
 def _random_model(

@@ -122,3 +122,37 @@ def test_a_1b_q4_k_m_gguf_loads_within_its_weights_and_a_fixed_transient(tmp_pat
     grown = engine["peak"] - engine["before"]
     assert grown < engine["weights"] + (800 << 20), (grown, engine["weights"])
     assert len(engine["tokens"]) == 2
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GGUF converted whole to float32 safetensors, as transformers loads a GGUF."""
+    from engine.model.gguf_source import converted_gguf
+
+    return converted_gguf(tiny_gguf, tmp_path_factory.mktemp("converted"), lambda _message: None)
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_bitsandbytes_quantizes_a_streamed_gguf_to_the_bytes_from_pretrained_gives(
+    tiny_gguf: Path, converted: Path, tmp_path: Path, quantization: str
+) -> None:
+    """The streamed load quantizing each layer as it is read (engine/model/bnb.py) ends in exactly the model that
+    the whole-file float32 conversion and from_pretrained with bitsandbytes give: every tensor, quantized codes and
+    scales included, and so the same tokens. On a CPU here; bench/gpu.sh runs it on CUDA."""
+    from engine import EngineConfig
+    from engine.model import loader
+
+    config = EngineConfig(
+        model=str(tiny_gguf), cache_dir=str(tmp_path), quantization=quantization, dtype="bfloat16", device="cpu"
+    )
+    messages: list[str] = []
+    streamed = loader.load_model(config, messages.append)
+    assert any("tensor by tensor" in m for m in messages) and not any("converting" in m for m in messages)
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").rglob("*.safetensors"))
+    whole = loader._from_pretrained(converted, quantization, torch.device("cpu"), torch.bfloat16, None, messages.append)
+    ours, theirs = streamed.model.state_dict(), whole.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    kind = "Linear4bit" if quantization == "nf4" else "Linear8bitLt"
+    layers = [type(m).__name__ for m in streamed.model.modules()]
+    assert layers.count(kind) == 14  # 7 linear layers in each of 2 blocks; the tied head stays 16-bit

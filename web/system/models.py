@@ -34,7 +34,7 @@ class Fit:
     chats: int
     chat_tokens: int
     precision: str  # quantization, compute dtype and an 8-bit KV cache, as configured ("nf4, bfloat16, KV int8")
-    load_peak: int = 0  # RAM while the weights load, where it exceeds weights + KV (a GGUF's conversion)
+    load_peak: int = 0  # RAM while the weights load, where it exceeds weights + KV, or RAM a GPU's load lacks
 
     @property
     def summary(self) -> str:
@@ -42,7 +42,9 @@ class Fit:
             f"weights {fmt_bytes(self.weights)} + KV for {self.chats:,} chat{'' if self.chats == 1 else 's'} "
             f"of {self.chat_tokens:,} tokens"
         )
-        if self.load_peak > self.weights + self.kv_per_chat * self.chats:
+        if self.memory == "VRAM" and self.load_peak:
+            head += f", {fmt_bytes(self.load_peak)} of RAM while loading"
+        elif self.load_peak > self.weights + self.kv_per_chat * self.chats:
             head += f", {fmt_bytes(self.load_peak)} while loading"
         tail = f"{fmt_bytes(self.available)} {self.memory} available; {self.precision}"
         return f"fits: {head} ({tail})" if self.fits else f"does not fit: {head} ({tail})"
