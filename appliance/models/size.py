@@ -214,8 +214,10 @@ def memory_need(
         if not gpu and dtype_bytes == 4:
             weights = shape.cpu_float32_bytes
         peak = (0 if gpu else weights) + STREAM_LOAD_BYTES + FALLBACK_COPIES * shape.largest_fallback
-    elif shape.cpu_float32_bytes is not None:  # bitsandbytes quantizes it as it streams
-        peak = (0 if gpu else weights) + STREAM_LOAD_BYTES + shape.largest_linear * dtype_bytes
+    elif shape.cpu_float32_bytes is not None and gpu:  # bitsandbytes quantizes it as it streams
+        peak = STREAM_LOAD_BYTES + shape.largest_linear * dtype_bytes
+    elif shape.cpu_float32_bytes is not None:  # on a CPU the plan then searches a packed form for the 16-bit rest
+        peak = weights + STREAM_LOAD_BYTES + FALLBACK_COPIES * 4 * (shape.params - shape.linear_params)
     return MemoryNeed(
         weights=weights,
         kv_per_token=shape.kv_bytes_per_token(dtype_bytes, kv_cache_dtype),

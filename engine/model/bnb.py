@@ -11,6 +11,7 @@ weights plus one layer's transient.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,16 +57,43 @@ class LayerQuantizer:
 
         return attr == "weight" and isinstance(module, bnb.nn.Linear4bit | bnb.nn.Linear8bitLt)
 
-    def quantize(self, module: nn.Module, values: torch.Tensor) -> None:
-        """The layer's weight from `values` (its full-precision rows, on the CPU), quantized on the device."""
-        import bitsandbytes as bnb
+    def quantize(self, module: nn.Module, chunks: Iterable[torch.Tensor]) -> None:
+        """The layer's weight from its rows, a chunk at a time (float32, on the CPU), quantized on the device.
 
-        old = module.weight
-        values = values.to(self.dtype)  # from_pretrained casts to the compute dtype before it quantizes
-        # Their .to(device) quantizes (bitsandbytes' typing of it confuses mypy).
+        bitsandbytes quantizes a whole tensor at once, and on a CPU its temporaries reach ~50 bytes a weight (an
+        8B model's ffn weight: 2.8 GB). Both formats are blockwise along the rows (4-bit: 64 weights a block, no
+        double quantization; int8: one scale a row), so chunks of whole blocks give the same bytes."""
+        import bitsandbytes as bnb
+        from bitsandbytes.functional import int8_vectorwise_quant, quantize_4bit
+
+        old: Any = module.weight  # bitsandbytes Params4bit or Int8Params, on the meta device
+        shape = old.shape
         if isinstance(module, bnb.nn.Linear4bit):
-            weight: Any = bnb.nn.Params4bit(values, requires_grad=False, **old.__dict__)
-        else:
-            kwargs = {key: value for key, value in old.__dict__.items() if key != "SCB"}
-            weight = bnb.nn.Int8Params(values, requires_grad=False, **kwargs)
-        module.weight = weight.to(self.device)
+            assert not old.compress_statistics, "double quantization's absmax spans chunks"
+            codes, absmax = [], []
+            if shape[-1] * 16 % old.blocksize:  # chunks (16 rows each) would split a block: all rows at once
+                chunks = [torch.cat(list(chunks))]
+            for chunk in chunks:  # as from_pretrained: cast to the compute dtype, then quantized on the device
+                packed, state = quantize_4bit(
+                    chunk.to(self.dtype).to(self.device), blocksize=old.blocksize, quant_type=old.quant_type,
+                    quant_storage=old.quant_storage,
+                )  # fmt: skip
+                codes.append(packed)
+                absmax.append(state.absmax)
+            state.absmax, state.shape = torch.cat(absmax), shape
+            weight: Any = bnb.nn.Params4bit(
+                torch.cat(codes), requires_grad=False, quant_state=state, blocksize=old.blocksize,
+                compress_statistics=False, quant_type=old.quant_type, quant_storage=old.quant_storage,
+                bnb_quantized=True, module=module,
+            )  # fmt: skip
+            module.weight = weight
+            module.quant_state = state
+            return
+        rows, scales = [], []
+        for chunk in chunks:  # LLM.int8() quantizes float16 rows (Int8Params._quantize)
+            codes8, scale, _ = int8_vectorwise_quant(chunk.to(self.dtype).to(self.device, torch.float16))
+            rows.append(codes8)
+            scales.append(scale)
+        data = torch.cat(rows)
+        weight = bnb.nn.Int8Params(data, requires_grad=False, has_fp16_weights=False, CB=data, SCB=torch.cat(scales))
+        module.weight = weight

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import mmap
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,8 +107,7 @@ def load_gguf(
             module = model.get_submodule(module_name)
             as_linear = compact and type(module) is nn.Linear and attr == "weight"
             if quantizer is not None and quantizer.takes(module, attr):
-                values = _dequantized(tensor, rows, quantizer.dtype, torch.device("cpu"))
-                quantizer.quantize(module, values.view(module.get_parameter(attr).shape))
+                quantizer.quantize(module, _row_chunks(tensor, rows))
                 continue
             found = _packed(tensor, rows) if as_linear else None
             if found is None:
@@ -202,17 +201,24 @@ def _chunks(tensor: ReaderTensor) -> int:
     return max(16, CHUNK_BYTES // (4 * columns) // 16 * 16)
 
 
-def _dequantized(tensor: ReaderTensor, rows: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The tensor in `dtype` on `device`, dequantized a chunk of rows at a time (as gguf's dequantize does it)."""
+def _row_chunks(tensor: ReaderTensor, rows: np.ndarray) -> Iterator[torch.Tensor]:
+    """The tensor's rows in float32 on the CPU, a chunk at a time (a multiple of 16 rows), as gguf's dequantize
+    computes them."""
     step = _chunks(tensor)
-    out: torch.Tensor | None = None
     for start in range(0, len(rows), step):
-        values = torch.from_numpy(
-            np.ascontiguousarray(dequantize(tensor.data[rows[start : start + step]], tensor.tensor_type))
-        )
+        raw = tensor.data[rows[start : start + step]]
+        yield torch.from_numpy(np.ascontiguousarray(dequantize(raw, tensor.tensor_type)))
+
+
+def _dequantized(tensor: ReaderTensor, rows: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The tensor in `dtype` on `device`, dequantized a chunk of rows at a time."""
+    out: torch.Tensor | None = None
+    start = 0
+    for values in _row_chunks(tensor, rows):
         if out is None:
             out = torch.empty((len(rows), *values.shape[1:]), dtype=dtype, device=device)
         out[start : start + len(values)] = values.to(dtype)
+        start += len(values)
     assert out is not None
     return out
 

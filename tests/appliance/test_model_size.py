@@ -142,8 +142,10 @@ def test_bitsandbytes_on_a_gguf_needs_ram_for_one_layer_beside_the_gpu(tmp_path:
     need = memory_need(shape, "nf4", 2, max_model_len=8192, gpu=True)
     assert need.weights / GIB == pytest.approx(5.4, rel=0.05)  # nf4 linears, bf16 embedding and head
     assert need.load_peak == (1 << 30) + 14336 * 4096 * 2  # ffn weights are the largest: 112 MiB in bf16
+    # On a CPU (not the default there) the unquantized embedding and head are searched for a packed form: three
+    # float32 copies of them at most (bench.gguf_load --shape 1b --quantization nf4: 2,799 MiB for 1,232 of weights).
     on_cpu = memory_need(shape, "nf4", 4, max_model_len=8192, gpu=False)
-    assert on_cpu.load_peak <= 1.3 * on_cpu.weights
+    assert on_cpu.weights < on_cpu.load_peak < 3 * on_cpu.weights
     settings = load_settings({"APPLIANCE_DATA_DIR": str(tmp_path)})
     assert fit(shape, settings, Machine(True, 24 * GIB, "nf4", "bfloat16", ram=4 * GIB)).fits
     refused = fit(shape, settings, Machine(True, 24 * GIB, "nf4", "bfloat16", ram=GIB))
