@@ -91,12 +91,14 @@ def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, Variant]]:
             auto_quantization("cpu", flags) if variant.quantization == "auto" else variant.quantization,
             auto_cpu_dtype(flags) if variant.dtype == "auto" else variant.dtype,
             variant.off,
+            variant.kv_cache_dtype,
         )
         if resolved in seen:
             continue
         seen.add(resolved)
         name = "appliance, defaults" if text == "auto/auto" else f"appliance, {text}"
-        rows.append((f"{name} ({resolved.quantization}, {resolved.dtype})", variant))
+        kv = "" if resolved.kv_cache_dtype == "auto" else f", KV {resolved.kv_cache_dtype}"
+        rows.append((f"{name} ({resolved.quantization}, {resolved.dtype}{kv})", variant))
     return rows
 
 

@@ -1,6 +1,6 @@
-"""One way to name an engine set-up in every benchmark: `quantization/dtype[/off+...]` ('plain' keeps float32
-weights unpacked, 'hf' runs transformers' forward), as an EngineConfig in process or APPLIANCE_* settings for a
-server, and the options every in-process benchmark shares."""
+"""One way to name an engine set-up in every benchmark: `quantization/dtype[/off+...][@kv]` ('plain' keeps
+float32 weights unpacked, 'hf' runs transformers' forward; @int8, @fp8, ... the KV pool's element type), as an
+EngineConfig in process or APPLIANCE_* settings for a server, and the options every in-process benchmark shares."""
 
 from __future__ import annotations
 
@@ -30,15 +30,17 @@ class Variant:
     quantization: str = "auto"
     dtype: str = "auto"
     off: frozenset[str] = frozenset()
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def parse(cls, text: str) -> Variant:
-        quantization, _, rest = text.strip().partition("/")
+        text, _, kv = text.strip().partition("@")
+        quantization, _, rest = text.partition("/")
         dtype, _, off = rest.partition("/")
         unknown = set(filter(None, off.split("+"))) - set(OFF_NAMES)
         if unknown:
             raise ValueError(f"unknown variant part {', '.join(sorted(unknown))}: choose from {', '.join(OFF_NAMES)}")
-        return cls(quantization or "auto", dtype or "auto", frozenset(filter(None, off.split("+"))))
+        return cls(quantization or "auto", dtype or "auto", frozenset(filter(None, off.split("+"))), kv or "auto")
 
     def config(self, **fields: Any) -> EngineConfig:
         return EngineConfig(
@@ -46,7 +48,7 @@ class Variant:
             dtype=self.dtype,  # type: ignore[arg-type]
             compact_weights="plain" not in self.off,
             own_forward="hf" not in self.off,
-            **fields,
+            **({"kv_cache_dtype": self.kv_cache_dtype} | fields),
         )
 
     def settings(self) -> dict[str, str]:
@@ -55,12 +57,15 @@ class Variant:
             "APPLIANCE_DTYPE": self.dtype,
             "APPLIANCE_COMPACT_WEIGHTS": str("plain" not in self.off).lower(),
             "APPLIANCE_OWN_FORWARD": str("hf" not in self.off).lower(),
+            "APPLIANCE_KV_CACHE_DTYPE": self.kv_cache_dtype,
         }
 
 
 def variant_help() -> str:
-    return "quantization/dtype; a third part turns off what it names, joined by +: " + ", ".join(
-        f"'{name}' ({what})" for name, what in OFF_NAMES.items()
+    return (
+        "quantization/dtype; a third part turns off what it names, joined by +: "
+        + ", ".join(f"'{name}' ({what})" for name, what in OFF_NAMES.items())
+        + "; @kv names the KV pool's element type (auto, bf16, fp16, int8, fp8)"
     )
 
 

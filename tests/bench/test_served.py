@@ -35,6 +35,14 @@ def test_pairs_that_resolve_like_the_defaults_are_not_run_twice() -> None:
     assert avx2[2][0] == "appliance, none/float32/plain (none, float32)"
 
 
+def test_a_kv_pool_type_is_a_run_of_its_own_and_a_setting() -> None:
+    plan = variants("none/float32,none/float32@int8,none/float32@fp8,none/float32@auto", frozenset({"avx2"}))
+    assert [v.kv_cache_dtype for _, v in plan] == ["auto", "int8", "fp8"]
+    assert plan[1][0] == "appliance, none/float32@int8 (none, float32, KV int8)"
+    assert plan[1][1].settings()["APPLIANCE_KV_CACHE_DTYPE"] == "int8"
+    assert plan[2][1].config(model="random:tiny").kv_cache_dtype == "fp8"
+
+
 class WordTokenizer:
     def __len__(self) -> int:
         return 50000
