@@ -332,6 +332,7 @@ class EngineCore:
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting) + len(self.scheduler.held),
             kv_blocks_total=self.blocks.num_blocks,
+            kv_window=self.reclaim_window,
             kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_cached=self.blocks.num_cached_blocks,
             block_size=self.blocks.block_size,

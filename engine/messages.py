@@ -154,6 +154,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     queue: list[str] = []
     admission_rate: float = 0.0
     kv_cache_dtype: str = "auto"  # as ModelInfo's
+    # Where every layer slides: the tokens a request keeps in the pool, blocks behind them given back as it
+    # advances (engine.sched.block_manager.release_before); None where a request holds its whole context.
+    kv_window: int | None = None
 
     @property
     def kv_usage(self) -> float:

@@ -179,3 +179,13 @@ def test_asset_fetch_refuses_content_that_is_not_the_pinned_hash(
     monkeypatch.setattr(assets, "_npm_pack", fake_pack(b"ok"))
     assert assets.fetch_assets(tmp_path) == [tmp_path / "demo.js"]
     assert (tmp_path / "demo.js").read_bytes() == b"ok" and assets.is_current(pinned, tmp_path)
+
+
+def test_a_sliding_window_model_has_room_for_chats_of_its_window_not_their_length() -> None:
+    """Where every layer slides, blocks behind the window are given back as a chat advances: a chat of 2,000
+    tokens under a 256-token window holds 17 blocks (16 its window spans, the next partly filled), not 125."""
+    from web.console.capacity import capacity
+
+    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100), 2000).chats == 900 // 125
+    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_window=256), 2000).chats == 900 // 17
+    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_window=256), 100).chats == 900 // 7

@@ -1,6 +1,7 @@
 """Capacity in words: how many more chats of the current typical length the free KV blocks hold, e.g. "room for
 about 40 more 2,000-token chats". The typical length is the median of the last finished requests' tokens (prompt
-plus reply: the blocks a chat holds at its end); with no history yet, a 2,000-token chat is assumed and said so."""
+plus reply: the blocks a chat holds at its end, or only its window's where every layer of the model slides); with
+no history yet, a 2,000-token chat is assumed and said so."""
 
 from __future__ import annotations
 
@@ -53,4 +54,6 @@ def capacity(stats: EngineStats | None, typical: int | None) -> Capacity | None:
     chat_tokens = typical or ASSUMED_CHAT_TOKENS
     free = max(stats.kv_blocks_total - stats.kv_blocks_used, 0)
     per_chat = math.ceil(chat_tokens / stats.block_size)
+    if stats.kv_window is not None:  # a chat holds the blocks its window spans, the next one partly filled
+        per_chat = min(per_chat, math.ceil(stats.kv_window / stats.block_size) + 1)
     return Capacity(free // per_chat, chat_tokens, typical is not None)
