@@ -51,7 +51,9 @@ def test_vllms_tokenize_gives_the_models_own_ids(vllm_server: VllmServer) -> Non
             return tokenizer, await tokenizer.render(MESSAGES, None, {}), await tokenizer.encode("Hello, world")
 
     tokenizer, chat, text = asyncio.run(served())
-    assert chat == list(local.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert chat == list(
+        local.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     assert text == local.encode("Hello, world")
     # SmolLM2's template renders no tools: the gateway's fallback prompt (Hermes blocks) is used, as with a copy.
     assert tokenizer.renders_tools is False and tokenizer.model_max_length == 2048

@@ -119,9 +119,9 @@ class RemoteBackend:
             return self._models_error
         problems = []
         if self.unservable:
-            why = f"{self._no_remote}; " if self._no_remote else ""
+            why = f", and {self._no_remote}" if self._no_remote else ""
             problems.append(
-                f"no tokenizer for {', '.join(self.unservable)} ({why}it publishes none: add #tokenizer=DIR)"
+                f"no tokenizer for {', '.join(self.unservable)}: it publishes none{why} (add #tokenizer=DIR)"
             )
         if self.unlisted:
             problems.append(f"its entry names {', '.join(self.unlisted)}, which it does not list")
@@ -182,10 +182,11 @@ class RemoteBackend:
             served[name] = Served(name, model.id, _info(name, model, *found), found[0])
         if tuple(unservable) != self.unservable and unservable:
             log.warning(
-                "backend %s: no tokenizer for %s (it publishes none: add #tokenizer=DIR to its entry in "
+                "backend %s: no tokenizer for %s: it publishes none%s (add #tokenizer=DIR to its entry in "
                 "APPLIANCE_BACKENDS)",
                 self.name,
                 ", ".join(unservable),
+                f", and {self._no_remote}" if self._no_remote else "",
             )
         self.unservable = tuple(unservable)
         self._served = served
