@@ -9,11 +9,14 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from appliance.doctor.backends import backends_finding
+from appliance.settings import load_settings
 from tests.peers.vllm import VllmServer
 from tests.web.conftest import ADMIN
 from tests.web.server import Server, serving, start_server
@@ -137,24 +140,34 @@ async def _encode(vllm_server: VllmServer) -> list[int]:
         return await tokenizer.encode("Hello, world")
 
 
-def test_a_wrong_key_shows_its_reason_in_ready(
-    vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    server = start_server(tmp_path_factory.mktemp("vllm-wrong-key"), backends=entry(vllm_server, key="sk-wrong"))
+def test_the_doctor_and_ready_say_how_or_why_not(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """The doctor names vLLM's /tokenize as the way its models are served; with a wrong key, /ready (nothing else can
+    serve), the console's backends panel and the doctor each say 401."""
+    settings = {"APPLIANCE_DATA_DIR": str(tmp_path)}
+    found = backends_finding(load_settings({**settings, "APPLIANCE_BACKENDS": entry(vllm_server)}))
+    assert found.level == "ok" and "its /tokenize renders their prompts" in found.message, found
+    wrong = entry(vllm_server, key="sk-wrong")
+    found = backends_finding(load_settings({**settings, "APPLIANCE_BACKENDS": wrong}))
+    assert found.level == "fail" and "answered 401 (a wrong key in its entry?)" in found.message, found
+    server = start_server(tmp_path / "wrong", backends=wrong)
     try:
-        deadline, body = time.monotonic() + 120, {}
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(server.url + "/ready", timeout=2)
-            except httpx.HTTPError:
-                time.sleep(0.3)
-                continue
-            body = r.json()
-            if r.status_code == 503 and "401" in json.dumps(body):
-                break
+        deadline = time.monotonic() + 120
+        while "first probe" in (why := _ready(server)) or why == "":
+            assert time.monotonic() < deadline, why
             time.sleep(0.3)
-        assert "401" in json.dumps(body) and "wrong key" in json.dumps(body), body
-        state = httpx.get(server.url + "/admin/api/backends", headers=ADMIN).json()[0]
-        assert state["models"] == [] and "401" in (state["reason"] or ""), state
+        assert "its model list answered 401 (a wrong key in its entry?)" in why, why
+        [status] = httpx.get(server.url + "/admin/api/backends", headers=ADMIN).json()
+        assert status["models"] == [] and status["reason"] == "its model list answered 401 (a wrong key in its entry?)"
     finally:
         server.kill()
+
+
+def _ready(server: Server) -> str:
+    """/ready's refusal ("" while the server does not answer yet); a 200 is a failure here."""
+    try:
+        r = httpx.get(server.url + "/ready", timeout=2)
+    except httpx.HTTPError:
+        return ""
+    assert r.status_code == 503, r.text
+    message: str = r.json()["error"]["message"]
+    return message
