@@ -168,3 +168,14 @@ def test_tool_call_arguments_go_as_json_text() -> None:
     assert asyncio.run(go()) == list(b"ok")
     assert seen[-1]["messages"][0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
     assert seen[-1]["chat_template_kwargs"] == {"k": 1} and "tools" not in seen[-1]
+
+
+def test_an_answer_past_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("web.backends.remote_tokenizer.MAX_ANSWER_BYTES", 1000)
+
+    async def go() -> RemoteTokenizer:
+        async with server(lambda body: ids_of("x" * 400)) as http:  # 400 ids as JSON: over 1000 bytes
+            return await remote_tokenizer(Upstream("http://box2:8000", None, http), "m")
+
+    with pytest.raises(TokenizerUnavailable, match="answered more than 1000 bytes"):
+        asyncio.run(go())

@@ -20,6 +20,8 @@ from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamError, error_
 
 TOKENIZE_TIMEOUT_S = 30.0  # a long prompt on a busy server
 PROBE_TIMEOUT_S = 10.0  # a probe's render: the first one of a fresh server compiles its template
+# An answer's size: a 1M-token context's ids as JSON are ~8 MB; text from /detokenize is bounded the same.
+MAX_ANSWER_BYTES = 32 << 20
 # The backend checks the ids itself (it refuses one outside its vocabulary with a 400, which reaches the client):
 # the gateway's own check then passes every non-negative id.
 VOCAB_UNKNOWN = 1 << 31
@@ -91,7 +93,9 @@ class RemoteTokenizer:
 
     async def decode(self, ids: list[int], timeout: float = TOKENIZE_TIMEOUT_S) -> str:
         try:
-            r = await self._upstream.post("/detokenize", {"model": self.model, "tokens": ids}, timeout)
+            r = await self._upstream.post(
+                "/detokenize", {"model": self.model, "tokens": ids}, timeout, MAX_ANSWER_BYTES
+            )
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the backend's /detokenize failed: {type(exc).__name__}") from None
         _raise_for(r, "detokenize")
@@ -102,7 +106,7 @@ class RemoteTokenizer:
 
     async def _tokenize(self, body: dict[str, Any], timeout: float) -> tuple[list[int], int | None]:
         try:
-            r = await self._upstream.post("/tokenize", body, timeout)
+            r = await self._upstream.post("/tokenize", body, timeout, MAX_ANSWER_BYTES)
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the backend's /tokenize failed: {type(exc).__name__}") from None
         _raise_for(r, "tokenize")

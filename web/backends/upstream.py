@@ -106,9 +106,18 @@ class Upstream:
                 out.append(UpstreamModel(entry["id"], max_len if ok else None))
         return out
 
-    async def post(self, path: str, body: dict[str, Any], timeout: float) -> httpx.Response:
-        """One small JSON request to the server's own API (vLLM's /tokenize), on its key."""
-        return await self._http.post(f"{self.base_url}{path}", json=body, headers=self._headers, timeout=timeout)
+    async def post(self, path: str, body: dict[str, Any], timeout: float, max_bytes: int) -> httpx.Response:
+        """One JSON request to the server's own API (vLLM's /tokenize), on its key; an answer over max_bytes is a
+        broken (or hostile) server's."""
+        async with self._http.stream(
+            "POST", f"{self.base_url}{path}", json=body, headers=self._headers, timeout=timeout
+        ) as r:
+            raw = bytearray()
+            async for chunk in r.aiter_bytes():
+                raw += chunk
+                if len(raw) > max_bytes:
+                    raise UpstreamError(f"the backend's {path} answered more than {max_bytes} bytes")
+        return httpx.Response(r.status_code, content=bytes(raw), request=r.request)
 
     async def tokenizer_files(self, model: str) -> dict[str, str] | None:
         """The tokenizer files another appliance publishes for `model` (web/backends/publish.py), or None where the
