@@ -53,7 +53,7 @@ class RemoteBackend:
         self.last_error: str | None = None
         self.unservable: tuple[str, ...] = ()  # models it lists that the gateway has no tokenizer for
         self._remote: dict[str, RemoteTokenizer] = {}  # upstream id -> the tokenizer its /tokenize answers for
-        self._no_remote: str | None = None  # why its /tokenize answered for none of them (the last probe's)
+        self._no_remote: str | None = None  # why its /tokenize did not answer for a model (the last refresh's)
         self.unlisted: tuple[str, ...] = ()  # models its entry's aliases name that it does not list
         self.probed = False  # its first probe has finished (readiness waits for every backend's)
         self._models_error: str | None = None
@@ -169,6 +169,7 @@ class RemoteBackend:
         self.unlisted = tuple(upstream_id for upstream_id, _ in self.spec.aliases if upstream_id not in listed_ids)
         served: dict[str, Served] = {}
         unservable = []
+        self._no_remote = None  # this round's: a model that fails below sets it
         for model in listed:
             name = self.spec.served_name(model.id)
             found = await asyncio.to_thread(self._tokenizer_for, name, self.spec.tokenizer)
@@ -201,7 +202,6 @@ class RemoteBackend:
                 self._no_remote = str(exc)
                 return None
             self._remote[upstream_id] = tokenizer
-            self._no_remote = None
             log.info("backend %s: %s is tokenized by its /tokenize", self.name, upstream_id)
         return tokenizer, f"{self.url}/tokenize?model={upstream_id}"
 
