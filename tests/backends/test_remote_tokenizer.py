@@ -63,6 +63,7 @@ def test_a_server_without_tokenize_serves_nothing_and_says_why() -> None:
     [
         (httpx.Response(200, json={"tokens": [1, -2, 3]}), "without token ids"),  # not ids a vocabulary has
         (httpx.Response(200, json={"tokens": "1 2 3"}), "without token ids"),
+        (httpx.Response(200, json={"tokens": []}), "no ids for a chat"),  # llama.cpp's, asked in vLLM's shape
         (httpx.Response(500, json={"error": {"message": "boom"}}), "answered 500: boom"),
         (httpx.Response(400, json={"error": {"message": "no template"}}), "refuses even a one-message chat"),
     ],

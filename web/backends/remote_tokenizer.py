@@ -131,6 +131,8 @@ async def remote_tokenizer(upstream: Upstream, model: str, timeout: float = PROB
             continue  # its template refuses a tool turn: asked again without
         except UpstreamError as exc:
             raise TokenizerUnavailable(str(exc)) from None
+        if not ids:  # llama.cpp's /tokenize answers a body without its `content` so
+            raise TokenizerUnavailable("the backend's /tokenize answered no ids for a chat (it is not vLLM's)")
         text = await _decoded(probe, ids, timeout)
         rendered = text if PROBE_TOOL in text else None
         break
