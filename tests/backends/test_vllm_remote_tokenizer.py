@@ -171,3 +171,27 @@ def _ready(server: Server) -> str:
     assert r.status_code == 503, r.text
     message: str = r.json()["error"]["message"]
     return message
+
+
+def test_vllm_and_another_appliance_with_no_tokenizer_anywhere(
+    vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The issue's first configuration: a vLLM and another appliance, keys only. At the first 200 of /ready both
+    models are listed and each serves a chat, with its own backend's usage in the history."""
+    root = tmp_path_factory.mktemp("vllm-and-appliance")
+    with serving(root / "box2") as box2:
+        box2_entry = f"http://:{box2.new_key('gateway')}@{box2.url.removeprefix('http://')}"
+        with serving(root / "gateway", backends=f"{entry(vllm_server)},{box2_entry}") as gateway:
+            key = gateway.new_key("both")
+            listed = httpx.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
+            assert [m["id"] for m in listed["data"]] == [vllm_server.model, "random:tiny"]
+            client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0, timeout=120)
+            for model, backend in [(vllm_server.model, vllm_server.base_url), ("random:tiny", box2.url)]:
+                answer = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+                assert answer.usage is not None
+                row = gateway.request_row(answer.id)
+                assert row["backend"] == backend.removeprefix("http://") and row["status"] == "finished", row
+                assert (row["prompt_tokens"], row["completion_tokens"]) == (
+                    answer.usage.prompt_tokens,
+                    answer.usage.completion_tokens,
+                )
