@@ -10,6 +10,7 @@ import httpx
 
 from appliance.doctor.host import FAIL, INFO, OK, WARN, Finding
 from appliance.settings import Settings
+from web.backends.remote_tokenizer import TokenizerUnavailable, remote_tokenizer
 from web.backends.spec import BackendSpec, parse_backends
 from web.backends.upstream import Upstream
 
@@ -53,11 +54,25 @@ async def _probe(spec: BackendSpec, http: httpx.AsyncClient) -> tuple[bool, str]
     if unlisted:
         return False, f"{serves}, but its entry names {', '.join(unlisted)}, which it does not list"
     if spec.tokenizer is None:
-        published = [await upstream.tokenizer_files(m.id) is not None for m in listed]
-        if all(published):
-            return bool(listed), serves + (" (it publishes their tokenizer)" if listed else "")
-        bare = ", ".join(name for name, ok in zip(models, published, strict=True) if not ok)
-        return False, f"{serves}, but no tokenizer for {bare}: it publishes none (add #tokenizer=DIR to its entry)"
+        how = [await _tokenizer_of(upstream, m.id, spec.text_prompt) for m in listed]
+        bare = [f"{name} ({why})" for name, (ok, why) in zip(models, how, strict=True) if not ok]
+        if bare:
+            return False, f"{serves}, but no tokenizer for {', '.join(bare)}: add #tokenizer=DIR to its entry"
+        ways = ", ".join(sorted({why for _, why in how}))
+        return bool(listed), serves + (f" ({ways})" if listed else "")
     if not (Path(spec.tokenizer) / "tokenizer_config.json").is_file():
         return False, f"{serves}, but #tokenizer={spec.tokenizer} holds no tokenizer"
     return True, f"{serves} (tokenizer {spec.tokenizer})"
+
+
+async def _tokenizer_of(upstream: Upstream, model: str, text_prompt: bool) -> tuple[bool, str]:
+    """Where the gateway would get the model's tokenizer (web/backends/remote.py's order), or why it gets none."""
+    if await upstream.tokenizer_files(model) is not None:
+        return True, "it publishes their tokenizer"
+    if text_prompt:
+        return False, "it publishes none"
+    try:
+        await remote_tokenizer(upstream, model)
+    except TokenizerUnavailable as exc:
+        return False, f"it publishes none, and {exc}"
+    return True, "its /tokenize renders their prompts"

@@ -16,6 +16,7 @@ from engine import InvalidRequestError, ModelInfo, QueueFullError, RequestOutput
 from web.backends.breaker import Breaker
 from web.backends.fetched import FetchedTokenizers
 from web.backends.protocol import Served
+from web.backends.remote_tokenizer import RemoteTokenizer, TokenizerUnavailable, remote_tokenizer
 from web.backends.scrape import Load
 from web.backends.spec import BackendSpec
 from web.backends.status import BackendState
@@ -51,6 +52,8 @@ class RemoteBackend:
         self._streams: dict[str, UpstreamStream] = {}
         self.last_error: str | None = None
         self.unservable: tuple[str, ...] = ()  # models it lists that the gateway has no tokenizer for
+        self._remote: dict[str, RemoteTokenizer] = {}  # upstream id -> the tokenizer its /tokenize answers for
+        self._no_remote: str | None = None  # why its /tokenize did not answer for a model (the last refresh's)
         self.unlisted: tuple[str, ...] = ()  # models its entry's aliases name that it does not list
         self.probed = False  # its first probe has finished (readiness waits for every backend's)
         self._models_error: str | None = None
@@ -116,7 +119,10 @@ class RemoteBackend:
             return self._models_error
         problems = []
         if self.unservable:
-            problems.append(f"no tokenizer for {', '.join(self.unservable)} (it publishes none: add #tokenizer=DIR)")
+            why = f", and {self._no_remote}" if self._no_remote else ""
+            problems.append(
+                f"no tokenizer for {', '.join(self.unservable)}: it publishes none{why} (add #tokenizer=DIR)"
+            )
         if self.unlisted:
             problems.append(f"its entry names {', '.join(self.unlisted)}, which it does not list")
         if not problems and not self._served:
@@ -163,24 +169,41 @@ class RemoteBackend:
         self.unlisted = tuple(upstream_id for upstream_id, _ in self.spec.aliases if upstream_id not in listed_ids)
         served: dict[str, Served] = {}
         unservable = []
+        self._no_remote = None  # this round's: a model that fails below sets it
         for model in listed:
             name = self.spec.served_name(model.id)
             found = await asyncio.to_thread(self._tokenizer_for, name, self.spec.tokenizer)
             if found is None and self.spec.tokenizer is None:
                 found = await self._fetched_tokenizer(model.id)
+            if found is None and self.spec.tokenizer is None and not self.spec.text_prompt:
+                found = await self._remote_tokenizer(model.id)
             if found is None:
                 unservable.append(name)
                 continue
             served[name] = Served(name, model.id, _info(name, model, *found), found[0])
         if tuple(unservable) != self.unservable and unservable:
             log.warning(
-                "backend %s: no tokenizer for %s (it publishes none: add #tokenizer=DIR to its entry in "
+                "backend %s: no tokenizer for %s: it publishes none%s (add #tokenizer=DIR to its entry in "
                 "APPLIANCE_BACKENDS)",
                 self.name,
                 ", ".join(unservable),
+                f", and {self._no_remote}" if self._no_remote else "",
             )
         self.unservable = tuple(unservable)
         self._served = served
+
+    async def _remote_tokenizer(self, upstream_id: str) -> tuple[Any, str] | None:
+        """The backend's own /tokenize for the model (vLLM's), asked once it answers; until then, each probe."""
+        tokenizer = self._remote.get(upstream_id)
+        if tokenizer is None:
+            try:
+                tokenizer = await remote_tokenizer(self.upstream, upstream_id)
+            except TokenizerUnavailable as exc:
+                self._no_remote = str(exc)
+                return None
+            self._remote[upstream_id] = tokenizer
+            log.info("backend %s: %s is tokenized by its /tokenize", self.name, upstream_id)
+        return tokenizer, f"{self.url}/tokenize?model={upstream_id}"
 
     async def _fetched_tokenizer(self, upstream_id: str) -> tuple[Any, str] | None:
         """The tokenizer this backend publishes for the model (another appliance does), fetched and loaded once."""

@@ -81,14 +81,14 @@ class Upstream:
         answers its /health while alive and its /ready while it can serve: both are asked."""
         try:
             r = await self._http.get(f"{self.base_url}/health", headers=self._headers, timeout=PROBE_TIMEOUT_S)
-            if r.status_code == 200 and _json(r.content[:1024]) == {"status": "ok"}:
+            if r.status_code == 200 and json_body(r.content[:1024]) == {"status": "ok"}:
                 r = await self._http.get(f"{self.base_url}/ready", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
             return BackendState.DOWN
         if r.status_code == 200:
             return BackendState.UP
         if r.status_code == 503:
-            why = _message(_json(r.content[:4096])).lower()
+            why = error_message(json_body(r.content[:4096])).lower()
             if "loading" in why:
                 return BackendState.LOADING
             return BackendState.DRAINING if "drain" in why or not why else BackendState.DOWN
@@ -97,7 +97,7 @@ class Upstream:
     async def models(self) -> list[UpstreamModel]:
         r = await self._http.get(f"{self.base_url}/v1/models", headers=self._headers, timeout=PROBE_TIMEOUT_S)
         r.raise_for_status()
-        data = _json(r.content).get("data")
+        data = json_body(r.content).get("data")
         out = []
         for entry in data if isinstance(data, list) else []:
             if isinstance(entry, dict) and isinstance(entry.get("id"), str) and 0 < len(entry["id"]) <= 256:
@@ -105,6 +105,19 @@ class Upstream:
                 ok = isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0
                 out.append(UpstreamModel(entry["id"], max_len if ok else None))
         return out
+
+    async def post(self, path: str, body: dict[str, Any], timeout: float, max_bytes: int) -> httpx.Response:
+        """One JSON request to the server's own API (vLLM's /tokenize), on its key; an answer over max_bytes is a
+        broken (or hostile) server's."""
+        async with self._http.stream(
+            "POST", f"{self.base_url}{path}", json=body, headers=self._headers, timeout=timeout
+        ) as r:
+            raw = bytearray()
+            async for chunk in r.aiter_bytes():
+                raw += chunk
+                if len(raw) > max_bytes:
+                    raise UpstreamError(f"the backend's {path} answered more than {max_bytes} bytes")
+        return httpx.Response(r.status_code, content=bytes(raw), request=r.request)
 
     async def tokenizer_files(self, model: str) -> dict[str, str] | None:
         """The tokenizer files another appliance publishes for `model` (web/backends/publish.py), or None where the
@@ -122,7 +135,7 @@ class Upstream:
                         return None
         except httpx.HTTPError:
             return None
-        files = _json(bytes(raw)).get("files")
+        files = json_body(bytes(raw)).get("files")
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return None
         return files
@@ -219,9 +232,9 @@ class UpstreamStream:
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = _json(data.encode())
+            chunk = json_body(data.encode())
             if "error" in chunk:  # vLLM's in-band error after the stream began
-                raise UpstreamError(f"{self._upstream.base_url} failed mid-stream: {_message(chunk)}")
+                raise UpstreamError(f"{self._upstream.base_url} failed mid-stream: {error_message(chunk)}")
             usage = _usage(chunk.get("usage")) or usage
             choice = _first_choice(chunk)
             if choice is None:
@@ -317,7 +330,7 @@ async def _refusal(response: httpx.Response) -> EngineError:
         raw = await response.aread()
     except httpx.HTTPError:
         raw = b""
-    message = _message(_json(raw[:65536])) or f"HTTP {response.status_code}"
+    message = error_message(json_body(raw[:65536])) or f"HTTP {response.status_code}"
     status = response.status_code
     if status in (429, 503):
         return QueueFullError(f"{response.url.host}:{response.url.port} is overloaded: {message}")
@@ -328,7 +341,7 @@ async def _refusal(response: httpx.Response) -> EngineError:
     return UpstreamError(f"{response.url.host}:{response.url.port} answered {status}: {message}")
 
 
-def _json(raw: bytes) -> dict[str, Any]:
+def json_body(raw: bytes) -> dict[str, Any]:
     try:
         value = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
@@ -336,7 +349,7 @@ def _json(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _message(body: dict[str, Any]) -> str:
+def error_message(body: dict[str, Any]) -> str:
     error = body.get("error", body)
     text = error.get("message") if isinstance(error, dict) else error
     if not isinstance(text, str):

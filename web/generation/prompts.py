@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from engine import check_prompt
+from engine import InvalidRequestError, check_prompt
 from web.backends.protocol import Served
+from web.backends.remote_tokenizer import RemoteTokenizer
 from web.backends.router import Router
 from web.errors import AppError, ContextLengthExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable
 from web.generation.policy import Prepared, effective_max_tokens
@@ -132,6 +133,11 @@ async def _render(served: Served, chat: Chat, messages: list[dict[str, Any]]) ->
     tokenizer = served.tokenizer
     inputs = template_inputs(messages, chat.tools, tokenizer)
     size = sum(len(m["content"]) for m in inputs["conversation"])
+    if isinstance(tokenizer, RemoteTokenizer):  # the backend renders it with the model's template (vLLM)
+        try:
+            return await tokenizer.render(inputs["conversation"], inputs["tools"], chat.template_kwargs)
+        except InvalidRequestError as exc:
+            raise InvalidRequest(f"the model's chat template rejected the messages: {exc}", param="messages") from None
     extra = {**chat.template_kwargs, "tools": inputs["tools"]}
     return await _maybe_in_thread(size, _apply_template, tokenizer, inputs["conversation"], extra)
 
@@ -140,6 +146,11 @@ async def _text_ids(served: Served, prompt: str | list[int]) -> list[int]:
     """A raw prompt's ids: the text tokenized, or the ids as given (prepare checks them)."""
     if isinstance(prompt, str):
         _check_chars(served, len(prompt), "prompt")
+        if isinstance(served.tokenizer, RemoteTokenizer):
+            try:
+                return await served.tokenizer.encode(prompt)
+            except InvalidRequestError as exc:
+                raise InvalidRequest(f"the prompt could not be tokenized: {exc}", param="prompt") from None
         return await _maybe_in_thread(len(prompt), _encode, served.tokenizer, prompt)
     return prompt
 

@@ -26,7 +26,11 @@ def template_text(tokenizer: Any) -> str:
 
 def supports_tools(tokenizer: Any) -> bool:
     """Whether the template renders `tools=`: one that never mentions `tools` cannot (SmolLM2's, for one), and gets
-    the fallback prompt (web/tools/render.py)."""
+    the fallback prompt (web/tools/render.py). A backend's tokenizer (web/backends/remote_tokenizer.py) has no
+    source to read: it says so itself, from a rendering that offered a tool."""
+    renders = getattr(tokenizer, "renders_tools", None)
+    if isinstance(renders, bool):
+        return renders
     return "tools" in template_text(tokenizer)
 
 
