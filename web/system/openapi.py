@@ -19,9 +19,10 @@ from litestar.types import Guard
 
 from web import deps
 from web.anthropic import document as anthropic_document
+from web.db import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.generation.gate import EngineGate
 from web.history.record import BACKEND_MAX, STATUSES
-from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
+from web.keys.periods import PERIODS
 from web.ollama import document as ollama_document
 from web.openai.embeddings import INPUT_SCHEMA, EmbeddingList, EmbeddingRequest
 from web.openai.schemas import (
