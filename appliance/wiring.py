@@ -6,7 +6,8 @@ import logging
 from socket import gethostname
 
 from appliance.models.catalogue import LocalModels
-from appliance.settings import Settings, load_settings, oidc_config
+from appliance.settings import Settings, load_settings
+from appliance.settings.sign_in import oidc_config
 from appliance.vllm.engine import VllmEngineClient
 from engine import AsyncEmbeddingClient, AsyncEngineClient, EmbeddingConfig, EngineConfig, EngineError
 from web.app import Gateway

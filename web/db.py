@@ -16,6 +16,8 @@ from sqlalchemy.sql.functions import FunctionElement
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK = 0x6C6C6D61  # PostgreSQL advisory lock key held while migrating ("llma")
+# SQLite's INTEGER is 64-bit: no id beyond this range can exist, and no limit beyond it can be stored.
+SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 
 
 class epoch_seconds(FunctionElement[int]):  # named as the SQL function it stands for

@@ -28,8 +28,10 @@ from web.generation.policy import Prepared
 from web.history.record import CHECKPOINT, FINALIZE_REQUEST, IN_FLIGHT, INSERT_REQUEST, MARK_RUNNING, RequestLog, Status
 from web.history.writer import BatchWriter, Write, describe
 from web.keys.front_end import FrontEnds
+from web.keys.info import KeyInfo, holder_of
 from web.keys.limiter import ConcurrencyLimiter
-from web.keys.service import KeyInfo, KeyService, holder_of, next_period_start, period_start
+from web.keys.periods import next_period_start, period_start
+from web.keys.service import KeyService
 from web.models import RequestRecord, UTCDateTime, utcnow
 from web.quota import (
     NO_QUOTA,

@@ -10,8 +10,8 @@ import msgspec
 
 from appliance.database import Database
 from web.keys.front_end import FrontEnds
+from web.keys.info import FrontEnd, KeyInfo
 from web.keys.schemas import EndUserView
-from web.keys.service import FrontEnd, KeyInfo
 from web.people.plans import Plans
 
 

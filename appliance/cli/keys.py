@@ -13,7 +13,9 @@ from typing import Any
 from appliance.cli import key_front_ends as fe
 from appliance.database import Database, with_database
 from appliance.settings import Settings
-from web.keys.service import MAX_WEIGHT, MIN_WEIGHT, PERIODS, PRIORITIES, KeyInfo, KeyLimits, KeyService
+from web.keys.info import MAX_WEIGHT, MIN_WEIGHT, PRIORITIES, KeyInfo, KeyLimits
+from web.keys.periods import PERIODS
+from web.keys.service import KeyService
 from web.models import KeyUsage
 
 NO_LIMIT = ("none", "unlimited")

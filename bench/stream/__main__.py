@@ -105,7 +105,7 @@ async def through_server(args: argparse.Namespace) -> dict[str, Any]:
     from web.app import app_of, build_gateway
     from web.config import WebConfig
     from web.db import sqlite_url
-    from web.keys.service import KeyLimits
+    from web.keys.info import KeyLimits
 
     with tempfile.TemporaryDirectory() as tmp:
         client = AsyncEngineClient(stream_engine_config(args), auto_restart=False)

@@ -17,12 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from appliance.cli.chat import Api, ChatError, explain, printable
-from tests.web.conftest import ADMIN
-from tests.web.server import REPO, Server, start_server
+from tests.web.server import REPO, Server
 
 TERMINAL_STATUSES = {"finished", "cancelled", "failed", "rejected", "interrupted"}
 
@@ -96,24 +94,18 @@ class Terminal:
         os.close(self.fd)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    served = start_server(tmp_path_factory.mktemp("chat"), store_text="true")
-    try:
-        served.wait_ready()
-        yield served
-    finally:
-        served.kill()
-
-
 @pytest.fixture
-def chat(server: Server, tmp_path: Path) -> Iterator[Any]:
+def chat(keeping_server: Server, tmp_path: Path) -> Iterator[Any]:
+    """The chat command in a terminal, against the shared server that stores text (tests/conftest.py): each test
+    finds its history rows by a key of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     env.update(APPLIANCE_DATA_DIR=str(tmp_path), TERM="dumb")
     started: list[Terminal] = []
 
     def start(*args: str, key: str | None = None) -> Terminal:
-        terminal = Terminal(["--url", server.url, *args], {**env, **({"APPLIANCE_API_KEY": key} if key else {})})
+        terminal = Terminal(
+            ["--url", keeping_server.url, *args], {**env, **({"APPLIANCE_API_KEY": key} if key else {})}
+        )
         started.append(terminal)
         return terminal
 
@@ -122,20 +114,21 @@ def chat(server: Server, tmp_path: Path) -> Iterator[Any]:
         terminal.close()
 
 
-def last_request(server: Server) -> dict[str, Any]:
-    """The newest history row, once it reached its end."""
+def last_request(server: Server, key_id: int) -> dict[str, Any]:
+    """The newest history row of the key's, once it reached its end."""
     deadline = time.monotonic() + 20
     while True:
-        rows = httpx.get(f"{server.url}/admin/api/requests", params={"limit": 1}, headers=ADMIN).json()["data"]
+        rows = server.history(key_id=key_id, limit=1)
         if (rows and rows[0]["status"] in TERMINAL_STATUSES) or time.monotonic() > deadline:
             return dict(rows[0])
         time.sleep(0.2)
 
 
-def test_a_conversation_streams_and_remembers_its_turns(chat: Any, server: Server) -> None:
+def test_a_conversation_streams_and_remembers_its_turns(chat: Any, keeping_server: Server) -> None:
+    key, key_id = keeping_server.new_key_and_id("terminal")
     terminal = chat("--max-tokens", "6")
     terminal.expect("API key: ")
-    terminal.type(server.new_key("terminal") + "\r")
+    terminal.type(key + "\r")
     assert "chatting with" in terminal.expect(">>> ")
     terminal.type("/system Answer like a pirate.\r")
     terminal.expect("system prompt set\n>>> ")
@@ -144,21 +137,22 @@ def test_a_conversation_streams_and_remembers_its_turns(chat: Any, server: Serve
     assert reply and reply != ">>>", "a reply was printed before the next prompt"
     terminal.type("second question\r")
     terminal.expect(">>> ")
-    prompt = last_request(server)["prompt_text"]
+    prompt = last_request(keeping_server, key_id)["prompt_text"]
     assert all(part in prompt for part in ("Answer like a pirate.", "first question", "second question")), prompt
 
     terminal.type("/reset\r")
     terminal.expect("conversation forgotten\n>>> ")
     terminal.type("third question\r")
     terminal.expect(">>> ")
-    prompt = last_request(server)["prompt_text"]
+    prompt = last_request(keeping_server, key_id)["prompt_text"]
     assert "Answer like a pirate." in prompt and "third question" in prompt and "first question" not in prompt
     terminal.type("/exit\r")
     assert terminal.wait() == 0
 
 
-def test_ctrl_c_stops_the_reply_and_not_the_program(chat: Any, server: Server) -> None:
-    terminal = chat("--max-tokens", "1500", key=server.new_key("ctrl-c"))
+def test_ctrl_c_stops_the_reply_and_not_the_program(chat: Any, keeping_server: Server) -> None:
+    key, key_id = keeping_server.new_key_and_id("ctrl-c")
+    terminal = chat("--max-tokens", "1500", key=key)
     terminal.expect(">>> ")
     terminal.type("Write a very long story\r")
     terminal.expect("story\n")
@@ -166,7 +160,7 @@ def test_ctrl_c_stops_the_reply_and_not_the_program(chat: Any, server: Server) -
     terminal.type("\x03")
     terminal.expect("[stopped]")
     terminal.expect(">>> ")
-    row = last_request(server)
+    row = last_request(keeping_server, key_id)
     assert row["status"] == "cancelled" and row["completion_tokens"] < 1500, row
     terminal.type("/help\r")
     terminal.expect("/reset")
@@ -177,12 +171,12 @@ def test_ctrl_c_stops_the_reply_and_not_the_program(chat: Any, server: Server) -
     assert terminal.wait() == 0
 
 
-def test_refusals_are_explained(chat: Any, server: Server) -> None:
+def test_refusals_are_explained(chat: Any, keeping_server: Server) -> None:
     bad_key = chat("--key", "sk-not-a-key")
     assert "API key was not accepted" in bad_key.expect("valid key.")
     assert bad_key.wait() == 1
 
-    quota = chat("--max-tokens", "64", key=server.new_key("tiny quota", quota_tokens=20))
+    quota = chat("--max-tokens", "64", key=keeping_server.new_key("tiny quota", quota_tokens=20))
     quota.expect(">>> ")
     quota.type("hello\r")
     assert "token quota is used up" in quota.expect(">>> "), "a refusal leaves the chat running"

@@ -15,7 +15,8 @@ from appliance.database import open_database
 from appliance.settings import load_settings
 from tests.appliance.conftest import Cli
 from web.errors import AuthenticationFailed
-from web.keys.service import KeyInfo, KeyService
+from web.keys.info import KeyInfo
+from web.keys.service import KeyService
 
 
 def listed(cli: Cli) -> list[dict[str, Any]]:

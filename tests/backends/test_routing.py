@@ -61,9 +61,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             wait_for(lambda: all(s["state"] == "up" and s["models"] for s in statuses(fleet)), "both backends up")
             try:
                 yield fleet
-            finally:  # a backend the tests restarted is not the one serving() stops
+            finally:  # a backend the tests restarted is not the one serving() kills
                 for backend in fleet.backends.values():
-                    backend.stop()
+                    backend.kill()
 
 
 def statuses(fleet: Fleet) -> list[dict[str, Any]]:

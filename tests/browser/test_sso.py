@@ -22,7 +22,7 @@ from tests.web.fakes import FakeEngineClient
 from tests.web.server import free_port
 from web.app import app_of, build_gateway
 from web.db import create_db_engine, create_sessionmaker, sqlite_url, upgrade_schema
-from web.keys.service import KeyLimits
+from web.keys.info import KeyLimits
 from web.people.oidc.config import WELL_KNOWN, OidcConfig
 from web.people.plans import Plans
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows
-from web.keys.service import next_period_start, period_start
+from web.keys.periods import next_period_start, period_start
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 # The fake tokenizer counts characters: "<user>hi<assistant>" is 19 prompt tokens.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.settings import SettingsError, load_settings, oidc_config
+from appliance.settings import SettingsError, load_settings
+from appliance.settings.sign_in import oidc_config
 from web.people.oidc.config import OidcConfig
 from web.people.oidc.identities import candidates, groups_of, wanted_name
 

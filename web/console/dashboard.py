@@ -21,7 +21,8 @@ from web.console.live import engine_state, live_view
 from web.console.render import fmt_bytes, fmt_duration, fmt_num, fmt_pct, render, wanted_partial
 from web.console.samples import WINDOWS, Bucket, Window, buckets
 from web.console.tenants import key_shares, seat_holder
-from web.keys.service import KeyService, person_holder
+from web.keys.info import person_holder
+from web.keys.service import KeyService
 from web.people.accounts import Accounts
 
 PARTIALS = ("engine-state", "memory", "engine-counters", "key-shares", "backends", "diagnosis", "charts")
@@ -77,7 +78,7 @@ def build_charts(rows: list[Bucket], window: Window, kind: str, now: float) -> l
 
 
 async def tenant_names(keys: KeyService, accounts: Accounts) -> dict[str, str]:
-    """Fair share's tenants by name: a key's id, or a person's user:<id> (web/keys/service.py KeyInfo.tenant)."""
+    """Fair share's tenants by name: a key's id, or a person's user:<id> (web/keys/info.py KeyInfo.tenant)."""
     people = {person_holder(user_id): name for user_id, name in (await accounts.names()).items()}
     return {str(key_id): name for key_id, name in (await keys.names()).items()} | people
 

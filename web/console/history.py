@@ -21,11 +21,11 @@ from litestar.response import Stream
 from web import deps
 from web.console.auth import page_context
 from web.console.render import render, wanted_partial
+from web.db import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.errors import InvalidRequest
 from web.history.record import BACKEND_MAX, STATUSES, is_backend_name
 from web.history.routes import RequestView, request_view
 from web.history.service import HistoryFilter
-from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import utcnow
 
 PAGE_SIZE = 50

@@ -16,8 +16,9 @@ from web import deps
 from web.console.auth import page_context
 from web.console.render import fragment, render, wanted_partial
 from web.errors import AppError
+from web.keys.info import PRIORITIES, FrontEnd, KeyLimits
+from web.keys.periods import PERIODS
 from web.keys.schemas import KeyView
-from web.keys.service import PERIODS, PRIORITIES, FrontEnd, KeyLimits
 
 Form = Annotated["KeyForm", Body(media_type=RequestEncodingType.URL_ENCODED)]
 CHOICES = {"periods": PERIODS, "priorities": PRIORITIES}  # the key form's select boxes

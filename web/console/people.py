@@ -21,7 +21,7 @@ from web import deps
 from web.console.auth import page_context
 from web.console.render import fragment, render
 from web.errors import AppError, InvalidRequest, LastAdmin
-from web.keys.service import KeyLimits
+from web.keys.info import KeyLimits
 from web.models import Plan, User, UserUsage, utcnow
 from web.people.account import usage_numbers
 from web.people.accounts import ROLES, Person

@@ -18,7 +18,7 @@ from web.errors import AppError, ModelNotFound, ServiceUnavailable, from_engine_
 from web.generation.intake import new_log, read_body
 from web.generation.prompts import shown
 from web.history.record import RequestLog, Status
-from web.keys.service import KeyInfo
+from web.keys.info import KeyInfo
 from web.ledger import Ledger
 
 SETTING = "APPLIANCE_EMBEDDING_MODEL"

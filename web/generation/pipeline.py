@@ -22,7 +22,7 @@ from web.generation.prompts import Ask, Prompts
 from web.generation.run import Generation, Generations
 from web.generation.stream import Collected, collect, queue_comment, start_stream
 from web.history.record import RequestLog
-from web.keys.service import KeyInfo
+from web.keys.info import KeyInfo
 from web.ledger import Ledger
 
 AnyRequest = Request[Any, Any, Any]

@@ -11,7 +11,7 @@ import msgspec
 from engine import ContextLengthError, ModelInfo, SamplingParams, Tenant
 from web.errors import ContextLengthExceeded, InvalidRequest
 from web.history.record import RequestLog
-from web.keys.service import KeyInfo
+from web.keys.info import KeyInfo
 from web.tools import NO_TOOLS, ToolPlan
 
 TRIMMED_HEADER = "x-max-tokens-trimmed-to"

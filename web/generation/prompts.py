@@ -14,10 +14,11 @@ from engine import InvalidRequestError, check_prompt
 from web.backends.protocol import Served
 from web.backends.remote_tokenizer import RemoteTokenizer
 from web.backends.router import Router
+from web.db import SQLITE_INT_MAX
 from web.errors import AppError, ContextLengthExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable
 from web.generation.policy import Prepared, effective_max_tokens
 from web.generation.sampling import Sampling
-from web.keys.service import SQLITE_INT_MAX, KeyInfo
+from web.keys.info import KeyInfo
 from web.tools import NO_TOOLS, ToolPlan, template_inputs
 
 T = TypeVar("T")

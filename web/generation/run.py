@@ -17,7 +17,7 @@ from web.errors import AppError, ServiceUnavailable, from_engine_error
 from web.generation.inflight import InFlight
 from web.generation.policy import Prepared
 from web.history.record import RequestLog, Status
-from web.keys.service import KeyInfo
+from web.keys.info import KeyInfo
 from web.ledger import CHECKPOINT_S, Ledger
 from web.system.metrics import Metrics
 from web.tools import NO_TOOLS, ToolPlan

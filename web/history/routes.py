@@ -14,10 +14,10 @@ from litestar.types import Guard
 from msgspec import Struct
 
 from web import deps
+from web.db import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.errors import InvalidRequest
 from web.history.record import BACKEND_MAX, STATUSES, is_backend_name
 from web.history.service import HistoryFilter
-from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.models import RequestRecord
 
 MAX_PAGE = 500

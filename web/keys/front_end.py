@@ -15,9 +15,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from web.db import SQLITE_INT_MAX
 from web.errors import AuthenticationFailed, InvalidRequest, NotFound
+from web.keys.info import KeyInfo
 from web.keys.schemas import EndUserView
-from web.keys.service import SQLITE_INT_MAX, KeyInfo
 from web.models import ApiKey, EndUser, Plan, User, utcnow
 from web.people.plans import PlanInfo, Plans
 

@@ -11,8 +11,9 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 
 from web.errors import AuthenticationFailed
+from web.keys.info import KeyInfo
 from web.keys.keyless import Keyless
-from web.keys.service import KeyInfo, KeyService
+from web.keys.service import KeyService
 from web.models import utcnow
 from web.people.guard import CSRF_HEADER, SESSION_COOKIE
 from web.people.plans import Plans

@@ -1,4 +1,4 @@
-"""Per-key (or per-person: web.keys.service.person_holder) cap on concurrent requests, kept in memory: the
+"""Per-key (or per-person: web.keys.info.person_holder) cap on concurrent requests, kept in memory: the
 appliance is a single process."""
 
 from __future__ import annotations

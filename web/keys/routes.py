@@ -11,8 +11,8 @@ from litestar.types import Guard
 from msgspec import UNSET
 
 from web import deps
+from web.keys.info import FrontEnd, KeyLimits
 from web.keys.schemas import CreatedKey, EndUserView, KeyCreate, KeyUpdate, KeyView
-from web.keys.service import FrontEnd, KeyLimits
 
 
 @get("/")

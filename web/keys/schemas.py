@@ -7,7 +7,9 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from web.keys.service import MAX_WEIGHT, MIN_WEIGHT, SQLITE_INT_MAX, Period, Priority
+from web.db import SQLITE_INT_MAX
+from web.keys.info import MAX_WEIGHT, MIN_WEIGHT, Priority
+from web.keys.periods import Period
 
 # A key's limits, declared once: msgspec enforces them on the admin API's bodies and the OpenAPI document is
 # generated from them; KeyLimits.check applies the same bounds to the console's forms and the CLI.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from web.keys.info import KeyInfo
 from web.keys.limiter import ConcurrencyLimiter
+from web.keys.periods import next_period_start
 from web.keys.schemas import KeyView, UsageView
-from web.keys.service import KeyInfo, KeyService, next_period_start
+from web.keys.service import KeyService
 from web.models import KeyUsage
 
 

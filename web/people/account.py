@@ -15,7 +15,8 @@ from msgspec import Struct
 
 from web import deps
 from web.console.render import PRIVATE_HEADERS
-from web.keys.service import KeyLimits, period_start
+from web.keys.info import KeyLimits
+from web.keys.periods import period_start
 from web.models import UserUsage, utcnow
 from web.people.guard import signed_in
 from web.people.personal_keys import PersonalKeys

@@ -12,8 +12,9 @@ from litestar.types import Guard
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from web import deps
+from web.keys.info import Priority
+from web.keys.periods import Period
 from web.keys.schemas import Limit, Weight
-from web.keys.service import Period, Priority
 from web.people.accounts import Person
 from web.people.passwords import MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS
 from web.people.plans_api import ModelName

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from web.db import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.errors import InvalidRequest, NotFound
-from web.keys.service import SQLITE_INT_MAX, SQLITE_INT_MIN, KeyInfo, KeyLimits, KeyService
+from web.keys.info import KeyInfo, KeyLimits
+from web.keys.service import KeyService
 from web.models import ApiKey, utcnow
 
 MAX_KEYS_PER_PERSON = 20

@@ -13,8 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from web.db import SQLITE_INT_MAX
 from web.errors import AuthenticationFailed, InvalidRequest, NameTaken, NotFound
-from web.keys.service import SQLITE_INT_MAX, KeyInfo, KeyLimits
+from web.keys.info import KeyInfo, KeyLimits
 from web.models import Plan, User, utcnow
 
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(KeyLimits))

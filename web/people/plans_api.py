@@ -10,8 +10,9 @@ from litestar.types import Guard
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from web import deps
+from web.keys.info import KeyLimits, Priority
+from web.keys.periods import Period
 from web.keys.schemas import Limit, Weight
-from web.keys.service import KeyLimits, Period, Priority
 from web.people.plans import PlanInfo
 
 ModelName = str  # blanks are dropped (web/people/plans.py check_models)

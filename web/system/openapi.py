@@ -19,13 +19,21 @@ from litestar.types import Guard
 
 from web import deps
 from web.anthropic import document as anthropic_document
+from web.db import SQLITE_INT_MAX, SQLITE_INT_MIN
 from web.generation.gate import EngineGate
 from web.history.record import BACKEND_MAX, STATUSES
-from web.keys.service import PERIODS, SQLITE_INT_MAX, SQLITE_INT_MIN
+from web.keys.periods import PERIODS
 from web.ollama import document as ollama_document
+from web.openai.document import (
+    STREAM_OPTIONS_NEED_STREAM,
+    logit_bias_schema,
+    max_tokens_schema,
+    message_schema,
+    prompt_schema,
+    template_kwargs_schema,
+)
 from web.openai.embeddings import INPUT_SCHEMA, EmbeddingList, EmbeddingRequest
 from web.openai.schemas import (
-    STREAM_OPTIONS_NEED_STREAM,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -33,11 +41,6 @@ from web.openai.schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
-    logit_bias_schema,
-    max_tokens_schema,
-    message_schema,
-    prompt_schema,
-    template_kwargs_schema,
 )
 from web.responses import document as responses_document
 

@@ -21,7 +21,7 @@ from tests.people.oidc.provider import CLIENT_ID, CLIENT_SECRET, Provider, runni
 from tests.web.conftest import lifespan, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway
-from web.keys.service import KeyLimits
+from web.keys.info import KeyLimits
 from web.people.oidc.config import WELL_KNOWN, OidcConfig
 
 GATEWAY = "http://appliance"
