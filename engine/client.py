@@ -132,6 +132,14 @@ class RequestStream:
             self._client._release(self.request_id, abort)
 
 
+def _engine_main(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
+    """The engine process's entry. Torch and the model code are imported here, in that process: importing them where
+    the process is started would block the server's event loop for seconds and load torch into the server too."""
+    from engine.process import run_engine_process
+
+    run_engine_process(config, inbox, outbox)
+
+
 class AsyncEngineClient:
     """state: an EngineState (stopped -> loading -> ready; down when the process died; stopping on shutdown)."""
 
@@ -166,13 +174,11 @@ class AsyncEngineClient:
         generation = self._generation
         self.state = EngineState.LOADING
         self.load_step = None
-        from engine.process import run_engine_process  # torch loads in the engine process, not on import here
-
         ctx = mp.get_context("spawn")
         to_core_r, to_core_w = ctx.Pipe(duplex=False)
         from_core_r, from_core_w = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=run_engine_process,
+            target=_engine_main,
             args=(self.config, to_core_r, from_core_w),
             name="engine-core",
             daemon=True,

@@ -36,6 +36,14 @@ log = logging.getLogger("engine.embed.client")
 EmbeddingInput = str | Sequence[int]
 
 
+def _embedding_main(config: EmbeddingConfig, inbox: Connection, outbox: Connection) -> None:
+    """The embedding process's entry: torch and the model code are imported here, in that process, never where it is
+    started (seconds of a blocked event loop, and torch in the server)."""
+    from engine.embed.process import run_embedding_process
+
+    run_embedding_process(config, inbox, outbox)
+
+
 @dataclass(frozen=True, slots=True)
 class Embeddings:
     """vectors: one float32 row per input, in input order; token_counts: each input's tokens (after any cut)."""
@@ -71,8 +79,6 @@ class AsyncEmbeddingClient:
 
     async def start(self) -> EmbeddingModelInfo:
         """Spawn the embedding process and wait until its model is loaded."""
-        from engine.embed.process import run_embedding_process  # torch loads in that process, not here
-
         loop = asyncio.get_running_loop()
         self._generation += 1
         self.state = EngineState.LOADING
@@ -80,7 +86,7 @@ class AsyncEmbeddingClient:
         inbox_r, inbox_w = ctx.Pipe(duplex=False)
         outbox_r, outbox_w = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=run_embedding_process, args=(self.config, inbox_r, outbox_w), name="embedding", daemon=True
+            target=_embedding_main, args=(self.config, inbox_r, outbox_w), name="embedding", daemon=True
         )
         self._process.start()
         inbox_r.close()
