@@ -179,7 +179,8 @@ def attention_kernel(
         return None, plan.unbuilt("attention", exc)
     pool = " over an int8 pool" if int8 else ""
     built = (
-        f"built in {seconds:.1f} s for {element}{pool}, head size {head_dim}, {heads} heads over {kv_heads} KV heads"
+        f"ready in {seconds:.1f} s (built, or kept from an earlier build) for {element}{pool}, "
+        f"head size {head_dim}, {heads} heads over {kv_heads} KV heads"
     )
     return AttentionKernel(function, dtype, seconds, torch.int8 if int8 else None), plan.settled(
         attention=Decision(Attention.COMPILED, f"{plan.attention.reason}; {built}")

@@ -4,15 +4,21 @@
 engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP), element type (-DELEM_BF16,
 else float) and pool (-DKV_INT8 for an 8-bit one), so every inner loop has constant bounds and vectorises whole;
 engine/cpu/csrc/packed_linear.c once per weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16);
-engine/cpu/csrc/layer_ops.c once. A library is built in a temporary
-directory that is removed once it is loaded (a loaded library stays mapped); a build takes well under a second.
+engine/cpu/csrc/layer_ops.c once. A build takes up to a second (more on a busy machine) and every engine start needs
+two or three, so each library is kept in $XDG_CACHE_HOME/llm-appliance/kernels under a name that hashes all it was
+built from: the sources, the flags, the compiler (path, size, time) and this CPU (-march=native). A directory that is
+not the user's own, or not writable, is not used: the library is then built in a temporary directory, loaded and
+the directory removed (a loaded library stays mapped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -159,8 +165,13 @@ def _library(source: Path, flags: tuple[str, ...], defines: list[str]) -> ctypes
     compiler = find_compiler()
     if compiler is None:
         raise KernelBuildError(NO_COMPILER)
+    kept = _cache_dir()
+    name = f"{source.stem}-{_build_key(compiler, source, flags, defines)}.so"
+    if kept is not None and (kept / name).is_file():
+        with contextlib.suppress(OSError):  # unreadable or not a library after all: built again below
+            return ctypes.CDLL(str(kept / name))
     with tempfile.TemporaryDirectory(prefix="appliance-kernel-") as tmp:
-        library = Path(tmp) / f"{source.stem}.so"
+        library = Path(tmp) / name
         error = ""
         for extra in VARIANTS:
             error = _compile([compiler, *flags, *extra, *defines, str(source), "-o", str(library)])
@@ -169,9 +180,63 @@ def _library(source: Path, flags: tuple[str, ...], defines: list[str]) -> ctypes
         else:
             raise KernelBuildError(f"{Path(compiler).name} failed: {error}")
         try:
-            return ctypes.CDLL(str(library))
+            loaded = ctypes.CDLL(str(library))
         except OSError as exc:  # e.g. a temporary directory mounted noexec
             raise KernelBuildError(f"the built library does not load: {exc}") from exc
+        if kept is not None:
+            _keep(library, kept / name)
+        return loaded
+
+
+def _cache_dir() -> Path | None:
+    """Where built libraries are kept: the user's own directory, writable by no one else; None where it cannot be."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(base) / "llm-appliance" / "kernels"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+    except OSError:
+        return None
+    # A library loaded from here runs in the engine: nobody else may have put it there.
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
+        return None
+    return path
+
+
+def _build_key(compiler: str, source: Path, flags: tuple[str, ...], defines: list[str]) -> str:
+    """A hash of everything the library depends on: every source file (they include each other), the flags and
+    variants, the compiler binary, and this CPU's model and flags (the build targets -march=native)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.parent.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(repr((flags, VARIANTS, defines, source.name)).encode())
+    resolved = shutil.which(compiler) or compiler
+    with contextlib.suppress(OSError):
+        info = Path(resolved).resolve().stat()
+        digest.update(f"{Path(resolved).resolve()}:{info.st_size}:{info.st_mtime_ns}".encode())
+    digest.update(_cpu_identity().encode())
+    return digest.hexdigest()[:32]
+
+
+def _cpu_identity() -> str:
+    """The first CPU's model name and flags (what -march=native reads); '' where /proc/cpuinfo is missing."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    wanted = [line for line in lines if line.partition(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(wanted[:2])
+
+
+def _keep(library: Path, target: Path) -> None:
+    """Put a built library in the cache whole (a copy renamed into place), or not at all."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        shutil.copyfile(library, partial)
+        os.replace(partial, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def _compile(command: list[str]) -> str:

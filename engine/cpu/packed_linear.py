@@ -99,7 +99,7 @@ def pack_linears(model: nn.Module) -> Counter[str]:
     try:
         for form in sorted({packed[0] for *_, packed in found if packed is not None}):
             kernels[form], seconds = build_packed_linear(form)
-            log.debug("packed linear kernel (%s) built in %.1f s", form, seconds)
+            log.debug("packed linear kernel (%s) ready in %.1f s", form, seconds)
     except KernelBuildError as exc:
         log.info("linear layers: torch's, as the packed kernel is unavailable: %s", exc)
         return Counter({"plain": len(found)})

@@ -155,4 +155,4 @@ def test_the_engine_logs_the_plan_it_settled(caplog: pytest.LogCaptureFixture) -
     # Random float32 weights: no compact form holds them, so the layers stay as they were, and the plan says so.
     assert core.cpu_plan.linears.choice is Linears.PLAIN and "no compact form" in core.cpu_plan.linears.reason
     assert core.runner.decode_kernel is not None, "the decode kernel was meant to build here (needs cc)"
-    assert core.cpu_plan.attention.choice is Attention.COMPILED and "built in" in core.cpu_plan.attention.reason
+    assert core.cpu_plan.attention.choice is Attention.COMPILED and "ready in" in core.cpu_plan.attention.reason

@@ -107,3 +107,12 @@ def test_open_files_allow_every_connection() -> None:
     files, or the service keeps systemd's soft default of 1,024 (issue 17, S1)."""
     limit = service_settings().get("LimitNOFILE", ["1024"])
     assert int(limit[0]) >= Settings().max_connections + RESERVED_FILES
+
+
+def test_compiled_kernels_are_kept_in_the_units_cache_directory() -> None:
+    """engine.cpu.kernel_build keeps what it builds under $XDG_CACHE_HOME/llm-appliance; the unit makes that a
+    directory of the service's own, the only writable place besides the state directory."""
+    service = service_settings()
+    environment = dict(item.split("=", 1) for item in service["Environment"])
+    assert environment["XDG_CACHE_HOME"] == "/var/cache"
+    assert service["CacheDirectory"] == ["llm-appliance"] and service["CacheDirectoryMode"] == ["0700"]
