@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 # Touched once every pinned asset is in web/static/vendor/ (assets.py skips files that already have their hash).
 ASSETS := $(VENV)/.assets
 # Debian packages: npm fetches the front-end assets; gcc builds the engine's CPU kernels for this CPU (kept in
-# $XDG_CACHE_HOME/llm-appliance/kernels for later starts; without it the engine falls back to torch's, slower); the rest only the tests use
-# (postgresql: tests/postgres starts its own server from the binaries under /usr/lib/postgresql/N/bin;
-# pg_ctlcluster on PATH says they are there).
+# $XDG_CACHE_HOME/llm-appliance/kernels for later starts; without it the engine falls back to torch's, slower);
+# the rest only the tests use (postgresql: tests/postgres starts its own server from the binaries under
+# /usr/lib/postgresql/N/bin; pg_ctlcluster on PATH says they are there).
 RUN_APT := npm=npm cc=gcc
 TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analyze=systemd pg_ctlcluster=postgresql
 
