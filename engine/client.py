@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import queue
 import threading
 import time
@@ -49,6 +48,7 @@ from engine.messages import (
 from engine.sample.prompts import prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.sched.tenant import Tenant
+from engine.worker import Worker, start_worker
 
 log = logging.getLogger("engine.client")
 
@@ -132,14 +132,6 @@ class RequestStream:
             self._client._release(self.request_id, abort)
 
 
-def _engine_main(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
-    """The engine process's entry. Torch and the model code are imported here, in that process: importing them where
-    the process is started would block the server's event loop for seconds and load torch into the server too."""
-    from engine.process import run_engine_process
-
-    run_engine_process(config, inbox, outbox)
-
-
 class AsyncEngineClient:
     """state: an EngineState (stopped -> loading -> ready; down when the process died; stopping on shutdown)."""
 
@@ -156,7 +148,7 @@ class AsyncEngineClient:
         self._stats: EngineStats | None = None
         self.last_heartbeat = 0.0  # monotonic time of the engine's latest message: it sends one at least every second
         self._collectors: dict[str, _Collector] = {}
-        self._process: Any = None
+        self._process: Worker | None = None
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._generation = 0
         self._ready: asyncio.Future[ModelInfo] | None = None
@@ -174,18 +166,8 @@ class AsyncEngineClient:
         generation = self._generation
         self.state = EngineState.LOADING
         self.load_step = None
-        ctx = mp.get_context("spawn")
-        to_core_r, to_core_w = ctx.Pipe(duplex=False)
-        from_core_r, from_core_w = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(
-            target=_engine_main,
-            args=(self.config, to_core_r, from_core_w),
-            name="engine-core",
-            daemon=True,
-        )
-        self._process.start()
-        to_core_r.close()
-        from_core_w.close()
+        # torch and the model code load there, never here (seconds of a blocked event loop)
+        self._process, to_core_w, from_core_r = start_worker("engine.process:run_engine_process", self.config)
         self._ready = self._loop.create_future()
         self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._read, args=(from_core_r, generation), daemon=True).start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,18 +29,11 @@ from engine.embed.messages import (
 )
 from engine.errors import ContextLengthError, EngineDeadError, EngineError, InvalidRequestError, ModelLoadError
 from engine.messages import EngineState
+from engine.worker import Worker, start_worker
 
 log = logging.getLogger("engine.embed.client")
 
 EmbeddingInput = str | Sequence[int]
-
-
-def _embedding_main(config: EmbeddingConfig, inbox: Connection, outbox: Connection) -> None:
-    """The embedding process's entry: torch and the model code are imported here, in that process, never where it is
-    started (seconds of a blocked event loop, and torch in the server)."""
-    from engine.embed.process import run_embedding_process
-
-    run_embedding_process(config, inbox, outbox)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +59,7 @@ class AsyncEmbeddingClient:
         self.model_info: EmbeddingModelInfo | None = None
         self.restarts = 0
         self.last_error: str | None = None
-        self._process: Any = None
+        self._process: Worker | None = None
         self._conn: Connection | None = None
         self._sending = threading.Lock()
         self._waiting: dict[int, asyncio.Future[Embedded]] = {}
@@ -82,15 +74,8 @@ class AsyncEmbeddingClient:
         loop = asyncio.get_running_loop()
         self._generation += 1
         self.state = EngineState.LOADING
-        ctx = mp.get_context("spawn")
-        inbox_r, inbox_w = ctx.Pipe(duplex=False)
-        outbox_r, outbox_w = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(
-            target=_embedding_main, args=(self.config, inbox_r, outbox_w), name="embedding", daemon=True
-        )
-        self._process.start()
-        inbox_r.close()
-        outbox_w.close()
+        # torch and the model load there, never here
+        self._process, inbox_w, outbox_r = start_worker("engine.embed.process:run_embedding_process", self.config)
         self._conn = inbox_w
         self._ready = loop.create_future()
         reader_args = (outbox_r, self._process, self._generation, loop)

@@ -87,7 +87,7 @@ class Served:
 
     def engine_process(self) -> psutil.Process:
         children = psutil.Process(self.server.process.pid).children()
-        (engine,) = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        (engine,) = [p for p in children if "engine.process:run_engine_process" in p.cmdline()]
         return engine
 
 

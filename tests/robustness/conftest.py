@@ -124,9 +124,9 @@ def charged(rows: list[sqlite3.Row]) -> int:
 
 
 def engine_process(server: Server) -> psutil.Process:
-    """The engine core: the server's child that is not multiprocessing's resource tracker."""
+    """The engine core: the server's worker process that runs engine.process (engine.worker)."""
     children = psutil.Process(server.process.pid).children()
-    return next(p for p in children if "resource_tracker" not in " ".join(p.cmdline()))
+    return next(p for p in children if "engine.process:run_engine_process" in p.cmdline())
 
 
 @dataclass

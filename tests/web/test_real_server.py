@@ -126,9 +126,8 @@ def test_metrics_on_the_real_engine(server: Server) -> None:
 
 
 def test_engine_process_death_then_recovery(server: Server, api_key: str, uncapped_key: str) -> None:
-    engine = next(
-        p for p in psutil.Process(server.process.pid).children() if "resource_tracker" not in " ".join(p.cmdline())
-    )
+    children = psutil.Process(server.process.pid).children()
+    engine = next(p for p in children if "engine.process:run_engine_process" in p.cmdline())
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {uncapped_key}"}
     with (
