@@ -48,7 +48,7 @@ def add_flags(parser: argparse.ArgumentParser, *, create: bool) -> None:
         dest="front_end_accounts",
         action="store_true" if create else argparse.BooleanOptionalAction,
         default=False if create else unset,
-        help="an end user whose name is an account's user name runs as that person (never an admin)",
+        help="the first name a request gives that is an account's user name runs as that person (never an admin)",
     )
 
 

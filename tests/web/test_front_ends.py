@@ -1,6 +1,7 @@
 """Trusted front ends (Open WebUI in front of the gateway): on a key marked as a front end, each request may name
 its end user (X-OpenWebUI-User-Id > X-OpenWebUI-User-Email > the body's user / Anthropic's metadata.user_id), who
-is then a fair-share tenant of their own with a quota of their own; an ordinary key's names change nothing."""
+is then a fair-share tenant of their own with a quota of their own; with accounts on, the first of those names that
+is an account runs as that person; an ordinary key's names change nothing."""
 
 from __future__ import annotations
 
@@ -131,6 +132,32 @@ async def test_accounts_are_matched_only_where_the_key_says_and_never_an_admin(
     assert usage["used_tokens"] > 0, "the person's own quota counts it"
     assert (await chat(client, key, **{"X-OpenWebUI-User-Id": "boss"})).status_code == 200
     assert last_tenant(fake).id == f"fe:{key_id}:boss", "an admin is never one header away"
+
+
+async def test_an_account_is_matched_by_any_name_the_request_gives(client: Any, fake: FakeEngineClient) -> None:
+    """Open WebUI sends its own uuid in X-OpenWebUI-User-Id with every request: the account is matched by the email
+    header (or the body's user) all the same, and where no name is an account the first name is the end user."""
+    alice = await person(client, "alice@example.org")
+    bob = await person(client, "bob")
+    await person(client, "boss@example.org", role="admin")
+    key_id, key = await key_of(client, front_end=True, front_end_accounts=True)
+    uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    as_alice = {"X-OpenWebUI-User-Id": uuid, "X-OpenWebUI-User-Email": "Alice@example.org"}
+    assert (await chat(client, key, **as_alice)).status_code == 200
+    assert last_tenant(fake).id == f"user:{alice}"
+    assert (await chat(client, key, {**CHAT, "user": "bob"}, **{"X-OpenWebUI-User-Id": uuid})).status_code == 200
+    assert last_tenant(fake).id == f"user:{bob}", "the body's user is the last name tried"
+    both = {"X-OpenWebUI-User-Id": "bob", "X-OpenWebUI-User-Email": "alice@example.org"}
+    assert (await chat(client, key, **both)).status_code == 200
+    assert last_tenant(fake).id == f"user:{bob}", "the first account in order wins"
+    as_boss = {"X-OpenWebUI-User-Id": uuid, "X-OpenWebUI-User-Email": "boss@example.org"}
+    assert (await chat(client, key, **as_boss)).status_code == 200
+    assert last_tenant(fake).id == f"fe:{key_id}:{uuid}", "no account: the first name, never the admin"
+    bad_email = {"X-OpenWebUI-User-Id": uuid, "X-OpenWebUI-User-Email": "x" * 257}
+    assert_openai_error(await chat(client, key, **bad_email), 400, param="user")
+    await client.patch(f"/admin/api/users/{alice}", json={"suspended": True}, headers=ADMIN)
+    refused = await chat(client, key, **as_alice)
+    assert refused.status_code == 401, refused.text
 
 
 async def test_an_ordinary_key_ignores_names_and_spends_no_one_elses_quota(

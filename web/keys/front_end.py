@@ -1,8 +1,10 @@
 """Trusted front ends: Open WebUI (or any chat front end) in front of the gateway speaks for many people with one
 key. On a key the admin marked as a front end, a request may name the person it is for (its end user), who then
 runs as a tenant of their own: their own fair-share seat (`fe:<key>:<name>`), their own quota under the front
-end's end-user plan, their own history rows. With front_end_accounts on, a name that is an account's user name
-(role user: never an admin) runs as that person, as if they had signed in.
+end's end-user plan, their own history rows. With front_end_accounts on, the request's names are tried in order
+(the id header, the email header, the body's user) and the first that is an account's user name (role user: never
+an admin) runs as that person, as if they had signed in; Open WebUI always sends its own uuid as the id, so its
+email header is what matches. Where none is an account, the first name is the end user.
 
 An ordinary key's names are ignored: it stays one tenant, and no header can spend anyone else's quota."""
 
@@ -38,13 +40,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def named_end_user(headers: Mapping[str, str], body_user: str | None) -> str | None:
-    """The end user a request names: X-OpenWebUI-User-Id, else X-OpenWebUI-User-Email, else the body's user
-    (OpenAI's `user`, Anthropic's `metadata.user_id`); None where it names none."""
-    for value in (*(headers.get(h) for h in NAME_HEADERS), body_user):
-        if value is not None:
-            return check_name(value)
-    return None
+def given_names(headers: Mapping[str, str], body_user: str | None) -> list[str]:
+    """The names a request gives, in order: X-OpenWebUI-User-Id, X-OpenWebUI-User-Email, the body's user (OpenAI's
+    `user`, Anthropic's `metadata.user_id`); each checked. The first is its end user; empty where it names none."""
+    return [check_name(v) for v in (*(headers.get(h) for h in NAME_HEADERS), body_user) if v is not None]
 
 
 class FrontEnds:
@@ -56,16 +55,18 @@ class FrontEnds:
         """Who a request runs as: its key, or on a front-end key the end user (or account) it names."""
         if not key.front_end.enabled or key.id is None or key.user_id is not None:
             return key  # untrusted: whatever it names, the key is the tenant and pays
-        name = named_end_user(headers, body_user)
-        if name is None:
+        names = given_names(headers, body_user)
+        if not names:
             return key
         if key.front_end.accounts:
-            person = await self._account(name)
+            person = await self._account(names)
             if person is not None:
                 if person.suspended:
-                    raise AuthenticationFailed(f"the account {name!r} is suspended", code="account_suspended")
+                    raise AuthenticationFailed(
+                        f"the account {person.username!r} is suspended", code="account_suspended"
+                    )
                 return await self.plans.apply(dataclasses.replace(key, user_id=person.id))
-        return await self._end_user(key, name)
+        return await self._end_user(key, names[0])
 
     async def end_users(self, key_id: int) -> list[EndUserView]:
         """A key's end users, the most recently seen first (the admin's view)."""
@@ -92,12 +93,14 @@ class FrontEnds:
                 for r in rows
             ]
 
-    async def _account(self, name: str) -> User | None:
-        """The person whose user name the name is, where they may be spoken for: role user (an admin's power is
-        never one header away)."""
+    async def _account(self, names: list[str]) -> User | None:
+        """The person whose user name the first of the names is that names one who may be spoken for: role user (an
+        admin's power is never one header away)."""
+        wanted = [n.strip().lower() for n in names]
         async with self.sessions() as session:
-            person = await session.scalar(select(User).where(User.username == name.strip().lower()))
-        return person if person is not None and person.role == "user" else None
+            found = await session.scalars(select(User).where(User.username.in_(wanted), User.role == "user"))
+            by_name = {p.username: p for p in found}
+        return next((by_name[n] for n in wanted if n in by_name), None)
 
     async def _end_user(self, key: KeyInfo, name: str) -> KeyInfo:
         key_id = key.stored_id
