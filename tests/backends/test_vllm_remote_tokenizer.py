@@ -1,14 +1,18 @@
 """A vLLM on the LAN with no #tokenizer= in its entry (issue 34): the gateway renders and counts through vLLM's own
 /tokenize (web/backends/remote_tokenizer.py). Against the session's real vLLM: the ids equal what the model's own
 tokenizer gives, a chat right after /ready is served with vLLM's exact usage in the answer and the history,
-streamed too, and a wrong key or a model vLLM does not have says why in /ready."""
+streamed too, a wrong key or a model vLLM does not have says why in /ready, and an appliance serving the same model
+beside vLLM fails over to it when SIGKILLed under load."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -18,9 +22,10 @@ import pytest
 from appliance.doctor.backends import backends_finding
 from appliance.settings import load_settings
 from tests.peers.vllm import VllmServer
-from tests.web.conftest import ADMIN
+from tests.web.conftest import ADMIN, METRICS_TOKEN
 from tests.web.server import Server, serving, start_server
 from web.backends.remote_tokenizer import RemoteTokenizer, TokenizerUnavailable, remote_tokenizer
+from web.backends.scrape import Load, read_load
 from web.backends.upstream import Upstream
 
 pytestmark = pytest.mark.slow
@@ -195,3 +200,169 @@ def test_vllm_and_another_appliance_with_no_tokenizer_anywhere(
                     answer.usage.prompt_tokens,
                     answer.usage.completion_tokens,
                 )
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    stream: bool
+    status: int
+    messages: list[dict[str, str]]
+    usage: dict[str, int] | None  # what the client was told (the stream's last chunk, or the answer's)
+    tokens: int  # content deltas a stream received
+    finished: bool  # a finish_reason arrived
+    error: dict[str, object] | None
+
+
+async def _chat(http: httpx.AsyncClient, key: str, model: str, i: int, stream: bool, max_tokens: int) -> Outcome:
+    messages = [MESSAGES[0], {"role": "user", "content": f"Name {i + 2} colours."}]
+    body: dict[str, object] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        request_id = response.headers.get("x-request-id", "")
+        if response.status_code != 200 or not stream:
+            answer = json.loads(await response.aread())
+            if response.status_code != 200:
+                return Outcome(request_id, stream, response.status_code, messages, None, 0, False, answer["error"])
+            finished = answer["choices"][0]["finish_reason"] is not None
+            return Outcome(request_id, stream, 200, messages, answer["usage"], 0, finished, None)
+        usage, tokens, finished, error = None, 0, False, None
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            error = event.get("error", error)
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                tokens += 1 if choice["delta"].get("content") else 0
+                finished = finished or choice.get("finish_reason") is not None
+        return Outcome(request_id, stream, 200, messages, usage, tokens, finished, error)
+
+
+async def _chats(
+    gateway: Server, key: str, model: str, n: int, max_tokens: int, during: Callable[[], Awaitable[None]] | None = None
+) -> list[Outcome]:
+    """n chats at once, every other one streamed; `during` (a coroutine function) runs while they do."""
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=180) as http:
+        tasks = [asyncio.ensure_future(_chat(http, key, model, i, i % 2 == 0, max_tokens)) for i in range(n)]
+        if during is not None:
+            await during()
+        return list(await asyncio.gather(*tasks))
+
+
+def _load(server: Server) -> Load | None:
+    """What an appliance's own /metrics says of its engine (running, waiting), read as the gateway reads a vLLM's."""
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10).text
+    return read_load(text)
+
+
+async def _vllm_counts(vllm_server: VllmServer, conversations: list[list[dict[str, str]]]) -> list[int]:
+    async with httpx.AsyncClient() as http:
+        tokenizer = await remote_tokenizer(Upstream(vllm_server.base_url, vllm_server.api_key, http), vllm_server.model)
+        return [len(await tokenizer.render(messages, None, {})) for messages in conversations]
+
+
+def test_an_appliance_beside_vllm_killed_under_load_fails_over_to_vllm(
+    vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """vLLM and another appliance serve the same model (SmolLM2, under vLLM's served name), no #tokenizer= anywhere.
+    The appliance is listed first, so the gateway renders every prompt with the tokenizer it publishes. It takes two
+    requests at a time (the rest wait in its own queue, with no output yet) and is SIGKILLed under load: the
+    requests waiting there are retried on vLLM, whose usage counts the very prompt its /tokenize gives; those
+    streaming there end with the in-band error (a non-streamed one with a 503), charged what they streamed; nothing
+    is left unsettled, and what follows goes to vLLM."""
+    root = tmp_path_factory.mktemp("vllm-failover")
+    same_model = {
+        "model": str(vllm_server.model_dir),
+        "served_model_name": vllm_server.model,
+        "max_model_len": "2048",  # vLLM's: the gateway checks prompts against the first backend's context
+        "max_num_seqs": "2",
+        "kv_cache_bytes": str(128 << 20),
+        "compact_weights": "false",  # its start packs no weights (20 s on two cores): speed is not what is tested
+    }
+    box2 = start_server(root / "box2", **same_model)
+    try:
+        # Its keys are made while its engine loads, and the gateway starts meanwhile.
+        _wait_answering(box2)
+        box2_name, vllm_name = box2.url.removeprefix("http://"), vllm_server.base_url.removeprefix("http://")
+        box2_entry = f"http://:{box2.new_key('gateway')}@{box2_name}"
+        with serving(root / "gateway", backends=f"{box2_entry},{entry(vllm_server)}") as gateway:
+            box2.wait_ready()
+            key = gateway.new_key("failover")
+            deadline = time.monotonic() + 60
+            while not all(s["models"] == [vllm_server.model] for s in _statuses(gateway)):
+                assert time.monotonic() < deadline, _statuses(gateway)
+                time.sleep(0.3)
+
+            async def kill_while_it_streams_and_queues() -> None:
+                deadline = time.monotonic() + 60
+                while (load := await asyncio.to_thread(_load, box2)) is None or load.waiting < 2:
+                    assert time.monotonic() < deadline, load
+                    await asyncio.sleep(0.1)
+                box2.process.send_signal(signal.SIGKILL)
+
+            tokenized = _tokenize_calls(vllm_server)
+            outcomes = asyncio.run(_chats(gateway, key, vllm_server.model, 14, 32, kill_while_it_streams_and_queues))
+            box2.process.wait(10)
+            # While the appliance was up, the prompts were its tokenizer's, vLLM's served ones and retried ones too.
+            assert _tokenize_calls(vllm_server) == tokenized
+            after = asyncio.run(_chats(gateway, key, vllm_server.model, 4, 4))
+            assert _tokenize_calls(vllm_server) == tokenized + len(after)  # then vLLM's, the appliance being down
+            rows = {r["id"]: r for r in gateway.history(limit=100)}
+            retried = set(
+                re.findall(rf"request (\S+): {re.escape(box2_name)} failed before any output, retried", gateway.log())
+            )
+    finally:
+        box2.kill()
+
+    counts = asyncio.run(_vllm_counts(vllm_server, [o.messages for o in outcomes]))
+    for o, vllm_count in zip(outcomes, counts, strict=True):
+        row = rows[o.request_id]
+        if row["status"] == "finished":  # a complete answer, with the usage the history keeps
+            assert o.status == 200 and o.finished and o.error is None and o.usage is not None, (o, row)
+            usage = (o.usage["prompt_tokens"], o.usage["completion_tokens"])
+            assert (row["prompt_tokens"], row["completion_tokens"]) == usage == (vllm_count, 32), (o, row)
+            assert row["backend"] in (box2_name, vllm_name), row
+        else:  # cut on the killed appliance after its first token (a retry comes only before one)
+            assert row["status"] == "failed" and row["backend"] == box2_name and o.request_id not in retried, row
+            assert o.error is not None and o.error["code"] == "engine_unavailable" and not o.finished, o
+            # A stream ends with the in-band error, charged what it streamed; a non-streamed answer is a 503.
+            assert o.status == (200 if o.stream else 503) and row["completion_tokens"] >= o.tokens, (o, row)
+    # The requests waiting in the appliance's queue when it died: rendered with its tokenizer, served by vLLM,
+    # whose usage (the prompt it counted) is its own /tokenize's count for those messages.
+    assert retried and retried <= set(rows), (retried, gateway.log()[-3000:])
+    assert all(rows[r]["backend"] == vllm_name and rows[r]["status"] == "finished" for r in retried)
+    assert len(rows) == len(outcomes) + len(after)  # one row per request, each terminal (above)
+    assert all(o.status == 200 and o.finished for o in after), after
+    assert {rows[o.request_id]["backend"] for o in after} == {vllm_name}
+
+
+def _wait_answering(server: Server, timeout: float = 60) -> None:
+    """Until its web server answers (its engine may still be loading)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline and server.process.poll() is None, server.log()[-3000:]
+        time.sleep(0.2)
+
+
+def _tokenize_calls(vllm_server: VllmServer) -> int:
+    """The chats vLLM's /tokenize has rendered so far (its access log's lines)."""
+    return vllm_server.log_path.read_text(errors="replace").count('"POST /tokenize HTTP/1.1" 200')
+
+
+def _statuses(gateway: Server) -> list[dict[str, object]]:
+    response = httpx.get(gateway.url + "/admin/api/backends", headers=ADMIN, timeout=30)
+    response.raise_for_status()
+    return list(response.json())
