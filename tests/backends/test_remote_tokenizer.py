@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -17,9 +18,12 @@ from engine import InvalidRequestError
 from web.backends.fetched import FetchedTokenizers
 from web.backends.remote import RemoteBackend
 from web.backends.remote_tokenizer import PROBE_TOOL, RemoteTokenizer, TokenizerUnavailable, remote_tokenizer
+from web.backends.router import Router
 from web.backends.spec import parse_remote
 from web.backends.status import BackendState
 from web.backends.upstream import Upstream, UpstreamError
+from web.generation.prompts import Ask, Chat, Prompts
+from web.keys.info import KeyInfo
 from web.tools.formats import detect_format, supports_tools
 
 Answer = Callable[[dict[str, Any]], httpx.Response]
@@ -54,7 +58,7 @@ def test_a_server_without_tokenize_serves_nothing_and_says_why() -> None:
     assert backend.state() == BackendState.UP and backend.models() == {} and backend.unservable == ("m",)
     assert backend.reason() == (
         "no tokenizer for m: it publishes none, and the backend's /tokenize answered 404 (it has no such endpoint: "
-        "vLLM has, SGLang and llama.cpp differ): Not Found (add #tokenizer=DIR)"
+        "vLLM and llama.cpp have, SGLang differs): Not Found (add #tokenizer=DIR)"
     )
 
 
@@ -63,7 +67,8 @@ def test_a_server_without_tokenize_serves_nothing_and_says_why() -> None:
     [
         (httpx.Response(200, json={"tokens": [1, -2, 3]}), "without token ids"),  # not ids a vocabulary has
         (httpx.Response(200, json={"tokens": "1 2 3"}), "without token ids"),
-        (httpx.Response(200, json={"tokens": []}), "no ids for a chat"),  # llama.cpp's, asked in vLLM's shape
+        # llama.cpp's answer to vLLM's shape, from a server that then has no /apply-template
+        (httpx.Response(200, json={"tokens": []}), "apply-template answered 404"),
         (httpx.Response(500, json={"error": {"message": "boom"}}), "answered 500: boom"),
         (httpx.Response(400, json={"error": {"message": "no template"}}), "refuses even a one-message chat"),
     ],
@@ -180,3 +185,36 @@ def test_an_answer_past_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 
     with pytest.raises(TokenizerUnavailable, match="answered more than 1000 bytes"):
         asyncio.run(go())
+
+
+def test_a_prompt_whose_backend_died_before_its_probe_noticed_is_rendered_by_the_next_one() -> None:
+    """Two backends serve `m`, each with its own /tokenize. The first goes away between its probes: a request
+    rendered in that second gets its ids from the second backend, not a 503; with no other backend it is a 503."""
+    dead = {"first": False}
+
+    def first(body: dict[str, Any]) -> httpx.Response:
+        if dead["first"]:
+            raise httpx.ConnectError("refused")
+        return ids_of("first")
+
+    async def go() -> None:
+        async with (
+            server(first, lambda ids: "x") as one,
+            server(lambda body: ids_of("second!"), lambda ids: "x") as two,
+        ):
+            backends = [
+                RemoteBackend(parse_remote(url), http, lambda name, d: None, FetchedTokenizers())
+                for url, http in (("http://:sk-a@box1:8000", one), ("http://:sk-b@box2:8000", two))
+            ]
+            await asyncio.gather(*(b.probe() for b in backends))
+            prompts = Prompts(Router(backends), default_max_tokens=16, store_text=False)
+            key = KeyInfo(1, "k", "sk-", None, None, "day", None, datetime.now(UTC), None, 1.0, "interactive")
+            ask = Ask(prompts.served("m"), Chat([{"role": "user", "content": "hi"}]))
+            assert (await prompts.prepare(ask, key)).prompt_ids == list(b"first")
+            dead["first"] = True
+            assert (await prompts.prepare(ask, key)).prompt_ids == list(b"second!")
+            alone = Prompts(Router(backends[:1]), default_max_tokens=16, store_text=False)
+            with pytest.raises(UpstreamError, match="ConnectError"):
+                await alone.prepare(ask, key)
+
+    asyncio.run(go())

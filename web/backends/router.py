@@ -85,11 +85,13 @@ class Router:
         self._known.update(names)
         return list(names)
 
-    def served(self, model: str) -> Served | None:
-        """The model as the first backend up that serves it serves it (they share a tokenizer and context)."""
+    def served(self, model: str, besides: Served | None = None) -> Served | None:
+        """The model as the first backend up that serves it serves it (they share a tokenizer and context); with
+        `besides`, the first whose tokenizer is another (that one failed: its backend is gone, though its probe
+        has not said so yet)."""
         for backend in self.backends:
             served = backend.models().get(model)
-            if served is not None:
+            if served is not None and (besides is None or served.tokenizer is not besides.tokenizer):
                 self._known.add(model)
                 return served
         return None

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from engine import InvalidRequestError, check_prompt
+from engine import EngineDeadError, InvalidRequestError, check_prompt
 from web.backends.protocol import Served
 from web.backends.remote_tokenizer import RemoteTokenizer
 from web.backends.router import Router
@@ -98,10 +98,14 @@ class Prompts:
             raise ModelNotFound(
                 f"your plan does not include the model {shown(served.name)}; it includes {allowed}", param="model"
             )
-        if isinstance(prompt, Chat):
-            ids, field_name = await self._chat_ids(served, prompt), "messages"
-        else:
-            ids, field_name = await _text_ids(served, prompt.prompt), "prompt"
+        try:
+            ids, field_name = await self._ids(served, prompt)
+        except EngineDeadError:  # a backend's tokenizer (its /tokenize) gone with the backend: another's, if any
+            other = self.router.served(served.name, besides=served)
+            if other is None:
+                raise
+            served = other
+            ids, field_name = await self._ids(served, prompt)
         # The engine's own check, made here before admission (a remote backend's refusal would come after it).
         check_prompt(ids, (t for t, _ in ask.sampling.logit_bias), len(served.tokenizer))
         info = served.info
@@ -117,6 +121,12 @@ class Prompts:
         prepared = Prepared(ids, ask.sampling.params(max_tokens), asked, text, n=ask.n, tools=tools, model=served.name)
         prepared.choices()
         return prepared
+
+    async def _ids(self, served: Served, prompt: Chat | Text) -> tuple[list[int], str]:
+        """The prompt's ids and the field they come from."""
+        if isinstance(prompt, Chat):
+            return await self._chat_ids(served, prompt), "messages"
+        return await _text_ids(served, prompt.prompt), "prompt"
 
     async def _chat_ids(self, served: Served, chat: Chat) -> list[int]:
         """The prompt's ids: messages and tools through the model's template (web/tools/render.py); the folded
