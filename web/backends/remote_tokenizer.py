@@ -1,8 +1,11 @@
 """A model's tokenizer kept by the backend that serves it, for the models the gateway has no tokenizer of its own
-for (no #tokenizer=DIR, none the backend publishes): vLLM's /tokenize renders a chat with the model's own template
-(messages, tools, chat_template_kwargs) and returns its ids, the very ids vLLM's /v1/chat/completions would count,
-so the gateway still sends ids, counts the prompt exactly for caps and quotas, and checks the context before
-admission. One HTTP round trip per request, on the backend's key, with a timeout.
+for (no #tokenizer=DIR, none the backend publishes). Two servers answer: vLLM's /tokenize renders a chat with the
+model's own template (messages, tools, chat_template_kwargs) and returns its ids; llama.cpp's server renders it with
+/apply-template and tokenizes the text with /tokenize as its chat completions do (BOS added where the model wants it,
+special tokens parsed). Either way the ids are the very ids the backend's /v1/chat/completions would count, so the
+gateway still sends ids, counts the prompt exactly for caps and quotas, and checks the context before admission. One
+or two HTTP round trips per request, on the backend's key, with a timeout. (SGLang's /tokenize takes no messages:
+such a backend needs #tokenizer=DIR.)
 
 What it cannot do is read the template's source: whether the template renders tools, and which tool-call format it
 teaches, are read once at probe time from a rendered conversation that offers a probe tool and calls it
@@ -37,15 +40,20 @@ _PROBE_TOOLS = [
     }
 ]
 _CALL = {"id": "call00001", "type": "function", "function": {"name": PROBE_TOOL, "arguments": "{}"}}
-# The probe conversation: a turn that calls the tool and its result (its markers name the format); a template that
-# refuses those turns is asked again with the user's turn alone.
-_PROBES = (
-    [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": "", "tool_calls": [_CALL]},
-        {"role": "tool", "tool_call_id": _CALL["id"], "content": "y"},
-    ],
-    [{"role": "user", "content": "x"}],
+# The probe conversations, each with the probe tool offered: a turn that calls the tool and its result (its markers
+# name the format); a template that refuses those turns is asked again with the user's turn alone, and a server that
+# refuses tools at all (llama.cpp started with --no-jinja) without the tool.
+_PROBES: tuple[tuple[list[dict[str, Any]], bool], ...] = (
+    (
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+            {"role": "tool", "tool_call_id": _CALL["id"], "content": "y"},
+        ],
+        True,
+    ),
+    ([{"role": "user", "content": "x"}], True),
+    ([{"role": "user", "content": "x"}], False),
 )
 
 
@@ -56,9 +64,17 @@ class TokenizerUnavailable(Exception):
 class RemoteTokenizer:
     """What the gateway asks of a tokenizer, answered by the backend (async: each answer is a request)."""
 
-    def __init__(self, upstream: Upstream, model: str, max_model_len: int | None, rendered_tools: str | None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        model: str,
+        max_model_len: int | None,
+        rendered_tools: str | None,
+        llama_cpp: bool = False,
+    ) -> None:
         self._upstream = upstream
         self.model = model
+        self.llama_cpp = llama_cpp  # llama.cpp's server: /apply-template, then /tokenize of its text
         self.model_max_length = max_model_len
         self.renders_tools = rendered_tools is not None
         # Not the template's source (the backend keeps that): a conversation it rendered, with the markers of the
@@ -84,12 +100,17 @@ class RemoteTokenizer:
             body["tools"] = tools
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
+        if self.llama_cpp:
+            return await self.encode(await self._template(body, TOKENIZE_TIMEOUT_S), TOKENIZE_TIMEOUT_S)
         return (await self._tokenize(body, TOKENIZE_TIMEOUT_S))[0]
 
-    async def encode(self, text: str) -> list[int]:
+    async def encode(self, text: str, timeout: float = TOKENIZE_TIMEOUT_S) -> list[int]:
         """A raw prompt's ids, with the special tokens the model adds (its BOS), as its completions would."""
-        body = {"model": self.model, "prompt": text, "add_special_tokens": True}
-        return (await self._tokenize(body, TOKENIZE_TIMEOUT_S))[0]
+        if self.llama_cpp:  # its completions tokenize a text prompt so: BOS where the model adds one, specials parsed
+            body: dict[str, Any] = {"content": text, "add_special": True, "parse_special": True}
+        else:
+            body = {"model": self.model, "prompt": text, "add_special_tokens": True}
+        return (await self._tokenize(body, timeout))[0]
 
     async def decode(self, ids: list[int], timeout: float = TOKENIZE_TIMEOUT_S) -> str:
         try:
@@ -99,10 +120,22 @@ class RemoteTokenizer:
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the backend's /detokenize failed: {type(exc).__name__}") from None
         _raise_for(r, "detokenize")
-        text = json_body(r.content).get("prompt")
+        text = json_body(r.content).get("content" if self.llama_cpp else "prompt")
         if not isinstance(text, str):
             raise UpstreamError("the backend's /detokenize answered without its text")
         return text
+
+    async def _template(self, body: dict[str, Any], timeout: float) -> str:
+        """llama.cpp's /apply-template: the chat as the text its template renders."""
+        try:
+            r = await self._upstream.post("/apply-template", body, timeout, MAX_ANSWER_BYTES)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"the backend's /apply-template failed: {type(exc).__name__}") from None
+        _raise_for(r, "apply-template")
+        prompt = json_body(r.content).get("prompt")
+        if not isinstance(prompt, str):
+            raise UpstreamError("the backend's /apply-template answered without its prompt")
+        return prompt
 
     async def _tokenize(self, body: dict[str, Any], timeout: float) -> tuple[list[int], int | None]:
         try:
@@ -119,26 +152,40 @@ class RemoteTokenizer:
 
 
 async def remote_tokenizer(upstream: Upstream, model: str, timeout: float = PROBE_TIMEOUT_S) -> RemoteTokenizer:
-    """The backend's tokenizer for `model`, tried once (a probe); TokenizerUnavailable says why there is none."""
-    probe = RemoteTokenizer(upstream, model, None, None)
-    rendered: str | None = None
-    context: int | None = None
-    for messages in _PROBES:
-        body = {"model": model, "messages": messages, "tools": _PROBE_TOOLS, "add_generation_prompt": True}
+    """The backend's tokenizer for `model`, tried once (a probe): vLLM's shape first, then llama.cpp's (whose
+    /tokenize answers vLLM's body with no ids); TokenizerUnavailable says why there is none."""
+    try:
+        return await _probe(RemoteTokenizer(upstream, model, None, None), timeout)
+    except _NotVllm:
+        return await _probe(RemoteTokenizer(upstream, model, None, None, llama_cpp=True), timeout)
+
+
+class _NotVllm(Exception):
+    """The /tokenize answered a chat with no ids: llama.cpp's, which takes text."""
+
+
+async def _probe(probe: RemoteTokenizer, timeout: float) -> RemoteTokenizer:
+    for messages, offer_tool in _PROBES:
+        body = {"model": probe.model, "messages": messages, "add_generation_prompt": True}
+        if offer_tool:
+            body["tools"] = _PROBE_TOOLS
         try:
-            ids, context = await probe._tokenize(body, timeout)
+            if probe.llama_cpp:
+                ids, context = await probe.encode(await probe._template(body, timeout), timeout), None
+            else:
+                ids, context = await probe._tokenize(body, timeout)
         except InvalidRequestError:
-            continue  # its template refuses a tool turn: asked again without
+            continue  # its template refuses a tool turn, or the server tools: asked again without
         except UpstreamError as exc:
             raise TokenizerUnavailable(str(exc)) from None
-        if not ids:  # llama.cpp's /tokenize answers a body without its `content` so
-            raise TokenizerUnavailable("the backend's /tokenize answered no ids for a chat (it is not vLLM's)")
+        if not ids and not probe.llama_cpp:
+            raise _NotVllm
+        if not ids:
+            raise TokenizerUnavailable("the backend's /tokenize answered no ids for a chat")
         text = await _decoded(probe, ids, timeout)
         rendered = text if PROBE_TOOL in text else None
-        break
-    else:
-        raise TokenizerUnavailable("the backend's /tokenize refuses even a one-message chat")
-    return RemoteTokenizer(upstream, model, context, rendered)
+        return RemoteTokenizer(probe._upstream, probe.model, context, rendered, probe.llama_cpp)
+    raise TokenizerUnavailable("the backend's /tokenize refuses even a one-message chat")
 
 
 async def _decoded(probe: RemoteTokenizer, ids: list[int], timeout: float) -> str:
@@ -156,7 +203,7 @@ def _raise_for(r: httpx.Response, what: str) -> None:
         raise InvalidRequestError(message, "messages")
     hint = " (a wrong key in its entry?)" if r.status_code in (401, 403) else ""
     if r.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed", f"HTTP {r.status_code}"):
-        hint = " (it has no such endpoint: vLLM has, SGLang and llama.cpp differ)"
+        hint = " (it has no such endpoint: vLLM and llama.cpp have, SGLang differs)"
     raise UpstreamError(f"the backend's /{what} answered {r.status_code}{hint}: {message}"[:MESSAGE_CHARS])
 
 
