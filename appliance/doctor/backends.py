@@ -72,7 +72,9 @@ async def _tokenizer_of(upstream: Upstream, model: str, text_prompt: bool) -> tu
     if text_prompt:
         return False, "it publishes none"
     try:
-        await remote_tokenizer(upstream, model)
+        tokenizer = await remote_tokenizer(upstream, model)
     except TokenizerUnavailable as exc:
         return False, f"it publishes none, and {exc}"
+    if tokenizer.llama_cpp:
+        return True, "its /apply-template and /tokenize render their prompts"
     return True, "its /tokenize renders their prompts"

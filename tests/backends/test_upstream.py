@@ -164,3 +164,31 @@ def test_sampling_fields_travel_in_openai_and_vllm_names() -> None:
     assert body["logit_bias"] == {"9": -5.0} and body["response_format"]["json_schema"]["schema"] == {"type": "object"}
     plain = completion_body("m", [1], SamplingParams(), "r")
     assert not {"top_k", "seed", "stop", "logit_bias", "response_format", "min_p"} & set(plain)
+
+
+@pytest.mark.parametrize(
+    ("ready", "state"),
+    [
+        (httpx.Response(200, json={"status": "ready"}), "up"),  # an appliance that can serve
+        (httpx.Response(503, json={"error": {"message": "the model is loading"}}), "loading"),  # one that cannot yet
+        (httpx.Response(404, json={"error": {"message": "File Not Found"}}), "up"),  # llama.cpp: no /ready
+        (httpx.Response(401, json={"error": {"message": "Invalid API Key"}}), "up"),  # llama.cpp, a wrong key
+    ],
+)
+def test_a_health_like_an_appliances_asks_ready_and_a_server_without_one_is_up(
+    ready: httpx.Response, state: str
+) -> None:
+    """llama.cpp's server answers /health as an appliance does ({"status": "ok"}) but has no /ready: its /health
+    decides (a wrong key is the model list's to say), where an appliance's /ready does."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        assert request.headers["authorization"] == "Bearer sk-k"
+        return ready
+
+    async def go() -> str:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return str(await Upstream("http://box2:8000", "sk-k", http).health())
+
+    assert asyncio.run(go()) == state

@@ -78,11 +78,15 @@ class Upstream:
 
     async def health(self) -> BackendState:
         """Up (200), draining (503: vLLM answers so while it shuts down), loading or down. An appliance
-        answers its /health while alive and its /ready while it can serve: both are asked."""
+        answers its /health while alive and its /ready while it can serve: both are asked. llama.cpp's server
+        answers /health as an appliance does but has no /ready (404; 401 without the key, when it has one): its
+        /health decides, and a wrong key is for the model list to say."""
         try:
             r = await self._http.get(f"{self.base_url}/health", headers=self._headers, timeout=PROBE_TIMEOUT_S)
             if r.status_code == 200 and json_body(r.content[:1024]) == {"status": "ok"}:
-                r = await self._http.get(f"{self.base_url}/ready", timeout=PROBE_TIMEOUT_S)
+                r = await self._http.get(f"{self.base_url}/ready", headers=self._headers, timeout=PROBE_TIMEOUT_S)
+                if r.status_code in (401, 403, 404):
+                    return BackendState.UP
         except httpx.HTTPError:
             return BackendState.DOWN
         if r.status_code == 200:
@@ -102,6 +106,9 @@ class Upstream:
         for entry in data if isinstance(data, list) else []:
             if isinstance(entry, dict) and isinstance(entry.get("id"), str) and 0 < len(entry["id"]) <= 256:
                 max_len = entry.get("max_model_len")
+                meta = entry.get("meta")
+                if max_len is None and isinstance(meta, dict):
+                    max_len = meta.get("n_ctx")  # llama.cpp's: a request's context (its slots share -c)
                 ok = isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0
                 out.append(UpstreamModel(entry["id"], max_len if ok else None))
         return out
