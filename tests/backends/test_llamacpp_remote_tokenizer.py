@@ -27,9 +27,9 @@ import pytest
 from appliance.doctor.backends import backends_finding
 from appliance.settings import load_settings
 from engine.model.sources import default_model_path
-from tests.backends.test_vllm_remote_tokenizer import _ready
+from tests.backends.wrong_key import a_wrong_key_is_named
 from tests.web.conftest import ADMIN
-from tests.web.server import Server, free_port, serving, start_server
+from tests.web.server import Server, free_port, serving
 
 LLAMA_SERVER = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
 pytestmark = [
@@ -135,15 +135,4 @@ def test_the_doctor_and_ready_say_how_or_why_not(llama_server: LlamaServer, tmp_
         load_settings({**settings, "APPLIANCE_BACKENDS": f"http://:{llama_server.api_key}@{address}"})
     )
     assert found.level == "ok" and "/apply-template" in found.message, found
-    wrong = f"http://:sk-wrong@{address}"
-    found = backends_finding(load_settings({**settings, "APPLIANCE_BACKENDS": wrong}))
-    assert found.level == "fail" and "answered 401 (a wrong key in its entry?)" in found.message, found
-    server = start_server(tmp_path / "wrong", backends=wrong)
-    try:
-        deadline = time.monotonic() + 120
-        while "first probe" in (why := _ready(server)) or why == "":
-            assert time.monotonic() < deadline, why
-            time.sleep(0.3)
-        assert "its model list answered 401 (a wrong key in its entry?)" in why, why
-    finally:
-        server.kill()
+    a_wrong_key_is_named(tmp_path, f"http://:sk-wrong@{address}")

@@ -21,6 +21,7 @@ import pytest
 
 from appliance.doctor.backends import backends_finding
 from appliance.settings import load_settings
+from tests.backends.wrong_key import a_wrong_key_is_named
 from tests.peers.vllm import VllmServer
 from tests.web.conftest import ADMIN, METRICS_TOKEN
 from tests.web.server import Server, serving, start_server
@@ -151,31 +152,7 @@ def test_the_doctor_and_ready_say_how_or_why_not(vllm_server: VllmServer, tmp_pa
     settings = {"APPLIANCE_DATA_DIR": str(tmp_path)}
     found = backends_finding(load_settings({**settings, "APPLIANCE_BACKENDS": entry(vllm_server)}))
     assert found.level == "ok" and "its /tokenize renders their prompts" in found.message, found
-    wrong = entry(vllm_server, key="sk-wrong")
-    found = backends_finding(load_settings({**settings, "APPLIANCE_BACKENDS": wrong}))
-    assert found.level == "fail" and "answered 401 (a wrong key in its entry?)" in found.message, found
-    server = start_server(tmp_path / "wrong", backends=wrong)
-    try:
-        deadline = time.monotonic() + 120
-        while "first probe" in (why := _ready(server)) or why == "":
-            assert time.monotonic() < deadline, why
-            time.sleep(0.3)
-        assert "its model list answered 401 (a wrong key in its entry?)" in why, why
-        [status] = httpx.get(server.url + "/admin/api/backends", headers=ADMIN).json()
-        assert status["models"] == [] and status["reason"] == "its model list answered 401 (a wrong key in its entry?)"
-    finally:
-        server.kill()
-
-
-def _ready(server: Server) -> str:
-    """/ready's refusal ("" while the server does not answer yet); a 200 is a failure here."""
-    try:
-        r = httpx.get(server.url + "/ready", timeout=2)
-    except httpx.HTTPError:
-        return ""
-    assert r.status_code == 503, r.text
-    message: str = r.json()["error"]["message"]
-    return message
+    a_wrong_key_is_named(tmp_path, entry(vllm_server, key="sk-wrong"))
 
 
 def test_vllm_and_another_appliance_with_no_tokenizer_anywhere(
