@@ -76,7 +76,11 @@ pytest: sysdeps-test setup vllm-env
 	echo "--- the in-process suites, run beside the rest (pytest -m beside):"; cat $(BESIDE_LOG); \
 	exit $$(( rest || besiderc ))
 
-test: lint typecheck pytest
+# The steps before the suite that do not need each other run together (each is one core's work, mostly pip's):
+# vLLM's venv beside the appliance's, then lint beside mypy; each step's output is printed whole when it ends.
+test: sysdeps-test
+	$(MAKE) -j3 --output-sync=target lint typecheck vllm-env
+	$(MAKE) pytest
 
 bench: setup
 	$(PY) -m bench.engine

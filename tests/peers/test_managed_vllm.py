@@ -17,7 +17,7 @@ import pytest
 from appliance.doctor.report import Doctor
 from appliance.settings import Settings, SettingsError, load_settings
 from appliance.vllm.process import plan
-from tests.peers.vllm import MAX_MODEL_LEN, VLLM_CACHE, VllmModel
+from tests.peers.vllm import MAX_MODEL_LEN, NO_COMPILE, VLLM_CACHE, VllmModel
 from tests.web.conftest import _LOGIN_TOKEN, ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
 from tests.web.server import Server, serving
 
@@ -97,8 +97,9 @@ def test_doctor_checks_the_vllm_venv(vllm_model: VllmModel, tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def server(vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with pytest.MonkeyPatch.context() as env:
-        # The fixture's compile cache: the same model path, dtype and context as the session's vLLM server.
         env.setenv("VLLM_CACHE_ROOT", str(VLLM_CACHE))
+        for name, value in NO_COMPILE.items():  # the appliance passes its environment on to vLLM
+            env.setenv(name, value)
         with serving(
             tmp_path_factory.mktemp("managed-vllm"),
             engine="vllm",
