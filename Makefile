@@ -59,22 +59,25 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy engine web appliance
 
-# One worker: two (pytest -n 2 --dist loadgroup, which the xdist groups in tests/conftest.py allow) were tried from a
-# fresh clone on the quiet 2-core machine and had not yet paid when stopped: 30% of the tests after 22 min, as one
-# worker, and each worker had started a vLLM server of its own (the groups did not keep the vLLM fixtures on one
-# worker). `pytest -m "not slow"` is the quick tier.
-#
-# Two processes instead: the in-process gateway suites (`-m beside`, tests/conftest.py) run a little niced beside the rest
-# and print their report after it; either failing fails the target.
-BESIDE_LOG := artifacts/pytest-beside.log
+# Two lanes, one per core (`pytest -m "not slow"` is the quick tier for the edit loop):
+# - the second: the in-process gateway suites (`-m beside`, tests/conftest.py: pure Python on one core), a little
+#   niced, then tests/engine (torch on the bundled and tiny models: no server);
+# - the first: everything else, whose real servers, vLLM, browsers and installs are mostly one core's work: with it
+#   alone after the in-process suites ended, the 2-core box stood at 53% busy for 18 minutes (sampled every 10 s).
+# The second lane prints its reports after the first's; either failing fails the target. (pytest-xdist, -n 2
+# --dist loadgroup, was tried before: each worker started a vLLM server of its own, and it had not paid.)
+SECOND_LOG := artifacts/pytest-second-lane.log
 BESIDE_DIRS := tests/security tests/web  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
+SECOND_DIRS := tests/engine
 pytest: sysdeps-test setup vllm-env
 	@mkdir -p artifacts
-	nice -n 5 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m beside $(BESIDE_DIRS) > $(BESIDE_LOG) 2>&1 & beside=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not beside"; rest=$$?; \
-	wait $$beside; besiderc=$$?; \
-	echo "--- the in-process suites, run beside the rest (pytest -m beside):"; cat $(BESIDE_LOG); \
-	exit $$(( rest || besiderc ))
+	{ nice -n 5 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m beside $(BESIDE_DIRS); beside=$$?; \
+	  $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SECOND_DIRS); exit $$(( beside || $$? )); \
+	} > $(SECOND_LOG) 2>&1 & second=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not beside" $(addprefix --ignore=,$(SECOND_DIRS)); rest=$$?; \
+	wait $$second; secondrc=$$?; \
+	echo "--- the second lane (pytest -m beside $(BESIDE_DIRS), then pytest $(SECOND_DIRS)):"; cat $(SECOND_LOG); \
+	exit $$(( rest || secondrc ))
 
 # The steps before the suite that do not need each other run together (each is one core's work, mostly pip's):
 # vLLM's venv beside the appliance's, then lint beside mypy; each step's output is printed whole when it ends.

@@ -39,15 +39,15 @@ SLOW_FOLDERS = frozenset({"peers", "install", "browser", "postgres", "robustness
 # Fixtures that are real processes: a test that takes one is slow wherever it lives.
 VLLM_FIXTURES = frozenset({"vllm_model", "vllm_server"})
 REAL_SERVERS = frozenset({"server", "keeping_server", "served", "fleet"}) | VLLM_FIXTURES
-# Under pytest-xdist (`make test`: -n 2 --dist loadgroup) a group runs on one worker in file order. A module is a
-# group of its own by default: its tests share its module-scoped servers, and some run in order on them (one
-# drains a backend for good). vLLM's tests share one vLLM server (minutes of compiling when its cache is cold), the
-# browser's and PostgreSQL's folders their package's or session's server: each is started once, on one worker.
+# Under pytest-xdist (`pytest -n 2 --dist loadgroup`: not what `make test` runs, see the Makefile) a group runs on
+# one worker in file order. A module is a group of its own by default: its tests share its module-scoped servers,
+# and some run in order on them (one drains a backend for good). vLLM's tests share one vLLM server, the browser's
+# and PostgreSQL's folders their package's or session's server: each is started once, on one worker.
 SHARED_GROUPS = {"peers": "vllm", "browser": "browser", "postgres": "postgres"}
 VLLM_GROUP = "vllm"
 # In-process suites (the app on the fake engine behind Litestar's test client; no server, no subprocess): pure
-# Python on one core, so `make test` runs them in a second pytest process beside the rest (`-m beside`), whose
-# waits on real servers, browsers and installs leave a core idle much of the time.
+# Python on one core, so `make test` runs them in its second lane (`-m beside`, then tests/engine) beside the rest,
+# whose real servers, browsers and installs are mostly one core's work (the Makefile says how it was measured).
 BESIDE_FOLDERS = frozenset({"security", "web"})
 
 
