@@ -35,7 +35,8 @@ from engine import (
     SamplingParams,
     Tenant,
 )
-from web.backends.upstream import Upstream, UpstreamStream
+from web.backends.upstream import Upstream
+from web.backends.upstream_stream import UpstreamStream
 
 log = logging.getLogger("appliance.vllm")
 

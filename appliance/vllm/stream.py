@@ -4,7 +4,7 @@ leaves the client's registry when it ends, fails or is closed."""
 from __future__ import annotations
 
 from engine import RequestOutput
-from web.backends.upstream import UpstreamStream
+from web.backends.upstream_stream import UpstreamStream
 
 
 class VllmStream:

@@ -21,7 +21,8 @@ from web.backends.remote_tokenizer import PROBE_TOOL, RemoteTokenizer, Tokenizer
 from web.backends.router import Router
 from web.backends.spec import parse_remote
 from web.backends.status import BackendState
-from web.backends.upstream import Upstream, UpstreamError
+from web.backends.upstream import Upstream
+from web.backends.upstream_errors import UpstreamError
 from web.generation.prompts import Ask, Chat, Prompts
 from web.keys.info import KeyInfo
 from web.tools.formats import detect_format, supports_tools

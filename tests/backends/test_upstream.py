@@ -21,7 +21,9 @@ from engine import (
     RequestOutput,
     SamplingParams,
 )
-from web.backends.upstream import MAX_LINE_BYTES, MESSAGE_CHARS, Upstream, UpstreamError, completion_body
+from web.backends.upstream import Upstream
+from web.backends.upstream_errors import MESSAGE_CHARS, UpstreamError
+from web.backends.upstream_stream import MAX_LINE_BYTES, completion_body
 
 KEY = "sk-upstream-secret"
 

@@ -20,7 +20,9 @@ from web.backends.remote_tokenizer import RemoteTokenizer, TokenizerUnavailable,
 from web.backends.scrape import Load
 from web.backends.spec import BackendSpec
 from web.backends.status import BackendState
-from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamModel, UpstreamStream
+from web.backends.upstream import Upstream, UpstreamModel
+from web.backends.upstream_errors import MESSAGE_CHARS
+from web.backends.upstream_stream import UpstreamStream
 
 log = logging.getLogger("web.backends")
 

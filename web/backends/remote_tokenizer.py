@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from engine import InvalidRequestError
-from web.backends.upstream import MESSAGE_CHARS, Upstream, UpstreamError, error_message, json_body
+from web.backends.upstream import Upstream
+from web.backends.upstream_errors import MESSAGE_CHARS, UpstreamError, error_message, json_body
 
 TOKENIZE_TIMEOUT_S = 30.0  # a long prompt on a busy server
 PROBE_TIMEOUT_S = 10.0  # a probe's render: the first one of a fresh server compiles its template
