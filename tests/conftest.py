@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _scrypt_once_per_password() -> Iterator[None]:
+def _scrypt_once_per_password() -> Iterator[list[tuple[Any, str, Any, Any]]]:
     """Every password is hashed and checked at scrypt's full cost (about half a second each, on two cores), and
     the tests sign in and make people with a handful of passwords hundreds of times: compute each distinct hash
     and each verdict once per run. The results are the real functions' (a real N=2^17 hash, a real verdict), so
@@ -102,9 +102,19 @@ def _scrypt_once_per_password() -> Iterator[None]:
     assert {m.__name__ for m, *_ in patched} >= {"web.people.passwords", "web.people.signin", "web.people.accounts"}
     for module, name, _, fake in patched:
         setattr(module, name, fake)
-    yield
+    yield patched
     for module, name, real, _ in patched:
         setattr(module, name, real)
+
+
+@pytest.fixture
+def full_cost_scrypt(
+    _scrypt_once_per_password: list[tuple[Any, str, Any, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real hash and check for one test, each call at full cost: for tests that time them (a cached verdict
+    answers in microseconds, whatever the password)."""
+    for module, name, real, _ in _scrypt_once_per_password:
+        monkeypatch.setattr(module, name, real)
 
 
 @pytest.fixture(scope="session")

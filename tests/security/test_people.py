@@ -88,6 +88,7 @@ def test_the_sign_in_form_needs_its_own_token(appliance: Appliance) -> None:
     assert bare.status_code == 403 and SESSION_COOKIE not in bare.cookies
 
 
+@pytest.mark.usefixtures("full_cost_scrypt")
 def test_unknown_names_and_wrong_passwords_answer_alike(tmp_path: Path) -> None:
     with serve(tmp_path) as served:
         served.new_person("known")
