@@ -38,7 +38,7 @@ from engine.sample.guided import GrammarCache, refusal
 from engine.sample.guided_batch import GuidedBatch
 from engine.sample.sampler import TopLogprobs
 from engine.sampling_params import SamplingParams
-from engine.sched.block_manager import BlockManager
+from engine.sched.kv_groups import GroupedBlockManager, KVGroups
 from engine.sched.limits import check_prompt
 from engine.sched.request import Request, RequestStatus
 from engine.sched.scheduler import ScheduledRequest, Scheduler, SchedulerLimits
@@ -72,13 +72,17 @@ class EngineCore:
         self.forward, plan = cpu_forward(self.loaded.model, self.loaded.cpu_plan, self.features)
         if progress:
             progress("sizing the KV cache")
+        # Layers that slide give back the blocks behind their window as requests advance, in groups of their own
+        # where others attend fully (engine.sched.kv_groups); not with longrope, whose recompute rewrites a
+        # request's whole context.
+        windows = [f.window if self.rope is None else None for f in self.features.layers]
+        self.kv_groups = KVGroups.plan(windows or [None] * self.loaded.num_layers)
+        log.info("KV pool: %s", self.kv_groups.describe())
         self.kv = self._allocate_kv()
         # A longrope token's keys depend on its request's prompt length, which a shared prefix does not carry.
         caching = config.enable_prefix_caching and self.rope is None
-        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, caching)
-        # Where every layer slides, blocks behind the widest window are given back as requests advance (not with
-        # longrope, whose recompute rewrites a request's whole context).
-        self.reclaim_window = self.features.widest_window if self.rope is None else None
+        self.blocks = GroupedBlockManager(self.kv.num_blocks, config.block_size, caching, self.kv_groups.windows)
+        self.reclaims = self.kv_groups.reclaims  # benchmarks turn it off to measure what it buys
         limits = SchedulerLimits(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -100,8 +104,9 @@ class EngineCore:
         for line in self.cpu_plan.lines():
             log.info(line)
         self.runner = ModelRunner(
-            self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward, self.rope
-        )
+            self.loaded.model, self.kv, self.loaded.device, self.guided, kernel, self.forward, self.rope,
+            self.kv_groups.layer_group if self.kv_groups.count > 1 else (),
+        )  # fmt: skip
         self._compiling: dict[str, Future[xgrammar.CompiledGrammar]] = {}
         self._rejected: list[Rejected] = []
         self.vocab_size = len(self.tokenizer)
@@ -119,7 +124,7 @@ class EngineCore:
 
     def _allocate_kv(self) -> KVCache:
         cfg, m = self.config, self.loaded
-        per_block = bytes_per_block(m.num_layers, m.num_kv_heads, m.head_dim, cfg.block_size, self.kv_dtype)
+        per_block = bytes_per_block(self.kv_groups.size, m.num_kv_heads, m.head_dim, cfg.block_size, self.kv_dtype)
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif m.device.type == "cuda":
@@ -128,8 +133,14 @@ class EngineCore:
             num_blocks = cfg.kv_cache_bytes // per_block
         if num_blocks < 1:
             raise ConfigError(f"the KV budget holds no block of {per_block} bytes; raise it")
+        return self._kv_cache(num_blocks)
+
+    def _kv_cache(self, num_blocks: int) -> KVCache:
+        """A pool of num_blocks blocks, each one KV group's layers for block_size tokens."""
+        cfg, m, groups = self.config, self.loaded, self.kv_groups
+        slots = groups.layer_slot if groups.count > 1 else None
         return allocate_kv_cache(
-            num_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype, m.device
+            num_blocks, cfg.block_size, groups.size, m.num_kv_heads, m.head_dim, self.kv_dtype, m.device, slots
         )
 
     def _cuda_num_blocks(self, per_block: int) -> int:
@@ -137,10 +148,8 @@ class EngineCore:
         cfg, m = self.config, self.loaded
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(m.device)
-        warm_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
-        probe = allocate_kv_cache(
-            warm_blocks, cfg.block_size, m.num_layers, m.num_kv_heads, m.head_dim, self.kv_dtype, m.device
-        )
+        warm_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size) * self.kv_groups.count
+        probe = self._kv_cache(warm_blocks)
         self._warm_up(probe, cfg.max_num_batched_tokens)
         peak = torch.cuda.max_memory_allocated(m.device) - probe.total_bytes
         del probe
@@ -151,18 +160,21 @@ class EngineCore:
         return max(budget // per_block, 0)
 
     def _warm_up(self, kv: KVCache, num_tokens: int) -> None:
-        num_tokens = min(num_tokens, kv.num_blocks * kv.block_size)
-        runner = ModelRunner(self.loaded.model, kv, self.loaded.device, forward=self.forward, rope=self.rope)
-        blocks = BlockManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False)
+        groups = self.kv_groups
+        blocks = GroupedBlockManager(kv.num_blocks, kv.block_size, False, groups.windows)
+        num_tokens = min(num_tokens, blocks.capacity_tokens)
+        runner = ModelRunner(
+            self.loaded.model, kv, self.loaded.device, forward=self.forward, rope=self.rope,
+            layer_group=groups.layer_group if groups.count > 1 else (),
+        )  # fmt: skip
         warm = Request("warm-up", [0] * num_tokens, SamplingParams(max_tokens=1), arrival_time=0.0)
         blocks.allocate_slots(warm.request_id, num_tokens)
-        runner.execute([ScheduledRequest(warm, num_tokens)], {warm.request_id: blocks.block_table("warm-up")})
+        runner.execute([ScheduledRequest(warm, num_tokens)], {warm.request_id: blocks.tables("warm-up")})
         runner.release(warm.request_id)
 
     def warm_up(self) -> None:
         """One full-budget forward through the real pool, so the first user request does not pay for it."""
-        n = min(self.config.max_num_batched_tokens, self.kv.num_blocks * self.kv.block_size)
-        self._warm_up(self.kv, n)
+        self._warm_up(self.kv, self.config.max_num_batched_tokens)
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -234,14 +246,12 @@ class EngineCore:
         out = self.scheduler.schedule()
         if out.empty:
             return []
-        tables = {s.request.request_id: self.blocks.block_table(s.request.request_id) for s in out.scheduled}
+        tables = {s.request.request_id: self.blocks.tables(s.request.request_id) for s in out.scheduled}
         result = self.runner.execute(out.scheduled, tables)
         advanced = self.scheduler.update(out, result.sampled)
-        if self.reclaim_window is not None:
+        if self.reclaims:
             for s in out.scheduled:
-                # The next query, at num_computed_tokens, sees keys from num_computed_tokens - window + 1 on.
-                start = s.request.num_computed_tokens - self.reclaim_window + 1
-                self.blocks.release_before(s.request.request_id, start)
+                self.blocks.release_behind(s.request.request_id, s.request.num_computed_tokens)
         self.tracker.steps_total += 1
         outputs = []
         for req in advanced:
@@ -319,6 +329,7 @@ class EngineCore:
             block_size=self.kv.block_size,
             kv_bytes_per_block=self.kv.bytes_per_block,
             kv_cache_dtype=self.config.kv_cache_dtype,
+            kv_groups=self.kv_groups.count,
         )
 
     def stats(self) -> EngineStats:
@@ -332,7 +343,7 @@ class EngineCore:
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting) + len(self.scheduler.held),
             kv_blocks_total=self.blocks.num_blocks,
-            kv_window=self.reclaim_window,
+            kv_groups=list(self.kv_groups.windows) if self.reclaims else [None] * self.kv_groups.count,
             kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_cached=self.blocks.num_cached_blocks,
             block_size=self.blocks.block_size,

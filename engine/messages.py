@@ -5,6 +5,7 @@ Encoded with msgspec (msgpack); the offline API returns the same RequestOutput o
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 import msgspec
@@ -92,14 +93,20 @@ class ModelInfo(msgspec.Struct, frozen=True):
     block_size: int
     kv_bytes_per_block: int
     kv_cache_dtype: str = "auto"  # the pool's element type as vLLM's --kv-cache-dtype names it (auto: the model's)
+    kv_groups: int = 1  # layer groups a token's KV is spread over, one block each (engine.sched.kv_groups)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the pool holds for one request, every group holding its whole context."""
+        return self.num_kv_blocks // max(self.kv_groups, 1) * self.block_size
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """The engine's context-length check, for a server to run before it commits to a request."""
-        limits.check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
+        limits.check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.kv_tokens)
 
     def room(self, num_prompt_tokens: int) -> int:
         """The most completion tokens the context and the pool leave after the prompt (below 1: none)."""
-        return limits.room(num_prompt_tokens, self.max_model_len, self.num_kv_blocks * self.block_size)
+        return limits.room(num_prompt_tokens, self.max_model_len, self.kv_tokens)
 
 
 class TenantStats(msgspec.Struct, frozen=True):
@@ -154,13 +161,22 @@ class EngineStats(msgspec.Struct, frozen=True):
     queue: list[str] = []
     admission_rate: float = 0.0
     kv_cache_dtype: str = "auto"  # as ModelInfo's
-    # Where every layer slides: the tokens a request keeps in the pool, blocks behind them given back as it
-    # advances (engine.sched.block_manager.release_before); None where a request holds its whole context.
-    kv_window: int | None = None
+    # The pool's layer groups (engine.sched.kv_groups), a token taking one block of each: every group's sliding
+    # window, its blocks behind it given back as a request advances, or None where it keeps the whole context.
+    # Empty: one group keeping everything.
+    kv_groups: list[int | None] = []
 
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    def blocks_per_chat(self, tokens: int) -> int:
+        """Blocks a chat of this many tokens holds at its end: its whole context in every group that keeps it, the
+        window and the next block, partly filled, in every group that slides."""
+        whole = math.ceil(tokens / self.block_size)
+        return sum(
+            whole if w is None else min(whole, math.ceil(w / self.block_size) + 1) for w in self.kv_groups or [None]
+        )
 
 
 # -- client -> core ---------------------------------------------------------------------------------------

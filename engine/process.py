@@ -107,7 +107,7 @@ def describe(info: ModelInfo) -> str:
     pool_mib = info.num_kv_blocks * info.kv_bytes_per_block / 2**20
     return (
         f"{info.name} on {info.device} ({info.dtype}, {quantization}), context {info.max_model_len} tokens, "
-        f"KV cache {info.num_kv_blocks * info.block_size} tokens ({info.num_kv_blocks} blocks, {pool_mib:.0f} MiB)"
+        f"KV cache {info.kv_tokens} tokens ({info.num_kv_blocks} blocks, {pool_mib:.0f} MiB)"
     )
 
 

@@ -112,6 +112,14 @@ class AttentionMetadata:
     prefills: list[PrefillSeq] = field(default_factory=list)  # torch's: all prefills, or those the kernel is not for
     kernel: AttentionKernel | None = None  # engine.cpu.decode_kernel: decodes and prefills continuing a context
     kernel_rows: AttentionRows | None = None
+    # Where layers are grouped (engine.sched.kv_groups): every group's metadata (its own slots and tables), this
+    # one first, and each layer's group. Empty for one group: this metadata serves every layer.
+    groups: list[AttentionMetadata] = field(default_factory=list)
+    layer_group: Sequence[int] = ()
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """The metadata that addresses layer's blocks."""
+        return self.groups[self.layer_group[layer]] if self.groups else self
 
 
 def paged_attention(
@@ -130,6 +138,7 @@ def paged_attention(
     if not isinstance(meta, AttentionMetadata):
         raise RuntimeError("paged attention needs the step's AttentionMetadata passed as paged=")
     layer: int = module.layer_idx  # type: ignore[assignment]
+    meta = meta.for_layer(layer)
     k_scale, v_scale = scales(meta, layer)
     store(meta.key_cache[layer], k_scale, meta.slot_mapping, key[0], keys=True)
     store(meta.value_cache[layer], v_scale, meta.slot_mapping, value[0])
@@ -148,6 +157,7 @@ def attend(
 ) -> torch.Tensor:
     """One layer's attention for the step, once its keys and values are in the pool: q [H, T, D], this step's own
     key/value [KVH, T, D] (any strides, D contiguous) -> [T, H, D]."""
+    meta = meta.for_layer(layer)
     k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
     k_scale, v_scale = scales(meta, layer)
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, H, D]

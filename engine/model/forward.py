@@ -124,6 +124,7 @@ class CpuForward:
         """Rotary embedding of q and k in place, and this step's keys and values into the pool: in C for a float32
         or an int8 pool (keys rotated and both quantized as engine.model.kv_cache does), else rotated in C and
         stored by torch."""
+        meta = meta.for_layer(layer)
         ops, tokens, hd, slots = self.ops, q.shape[0], self.head_dim, meta.slot_mapping
         k_cache, v_cache = meta.key_cache[layer], meta.value_cache[layer]
         k_scale, v_scale = scales(meta, layer)

@@ -32,6 +32,7 @@ rotates and rounds as rotate() and quantize() do, to the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +53,8 @@ _TINY = torch.finfo(torch.float32).tiny  # an all-zero row's scale: its codes ar
 
 @dataclass(slots=True)
 class KVCache:
-    """Layer l's keys live in key[l] as [kv_heads, num_blocks * block_size, head_dim]: slot = block * size + offset.
+    """Layer l's keys live in key[l] as [kv_heads, num_blocks * block_size, head_dim]: slot = block * size + offset
+    (where layers are grouped, several layers share one tensor, each in its own group's blocks).
     In 8 bits, key_scale[l] is [kv_heads, num_blocks * block_size] bfloat16, one per row; empty lists otherwise.
 
     Heads first, so that a request's blocks copied out for one head are already the rows attention multiplies."""
@@ -93,13 +95,21 @@ def allocate_kv_cache(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
+    layer_slot: Sequence[int] | None = None,
 ) -> KVCache:
+    """A pool whose blocks hold num_layers layers each. layer_slot: where the model's layers are grouped
+    (engine.sched.kv_groups), layer l's place in a block; its lists are then per model layer, layers of one
+    place sharing one tensor (each group addresses its own blocks of it)."""
     shape = (num_kv_heads, num_blocks * block_size, head_dim)
     key = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
     value = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
     scales = dtype in QMAX
     key_scale = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_layers) if scales]
     value_scale = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_layers) if scales]
+    if layer_slot is not None:
+        key, value = [key[j] for j in layer_slot], [value[j] for j in layer_slot]
+        if scales:
+            key_scale, value_scale = [key_scale[j] for j in layer_slot], [value_scale[j] for j in layer_slot]
     per_block = bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)
     return KVCache(key, value, num_blocks, block_size, per_block, key_scale, value_scale)
 

@@ -46,12 +46,14 @@ class ModelRunner:
         decode_kernel: AttentionKernel | None = None,
         forward: CpuForward | None = None,
         rope: RequestRope | None = None,
+        layer_group: Sequence[int] = (),
     ) -> None:
         """guided: the constrained requests' matchers; None where no request can be constrained (warm-up).
         decode_kernel: attention compiled for this CPU, for decodes and prefills continuing a context; None:
         torch's (decodes in groups of like lengths, SDPA for prefills). forward: the engine's own forward
         (engine.model.forward) in place of the model's; None: the model's. rope: the model's longrope, chosen per
-        request (engine.model.rope); None for any other rope."""
+        request (engine.model.rope); None for any other rope. layer_group: each layer's KV group where the pool
+        groups layers (engine.sched.kv_groups); empty for one group."""
         self.model = model
         self.kv = kv_cache
         self.device = device
@@ -62,6 +64,7 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.forward = forward
         self.rope = rope
+        self.layer_group = tuple(layer_group)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's sampling state."""
@@ -72,7 +75,9 @@ class ModelRunner:
             self.guided.release(request_id)
 
     @torch.inference_mode()
-    def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[int]]) -> StepResult:
+    def execute(self, scheduled: Sequence[ScheduledRequest], block_tables: dict[str, list[list[int]]]) -> StepResult:
+        """block_tables: each request's table in every KV group, group 0 first (one group where layers are not
+        grouped)."""
         starts = {s.request.request_id: self._first_position(s) for s in scheduled}
         # Longest context first: decode attention gathers groups of like lengths (engine.model.attention).
         decodes = sorted((s for s in scheduled if _span(s, starts) == 1), key=_context_len, reverse=True)
@@ -80,34 +85,24 @@ class ModelRunner:
         ordered = decodes + prefills
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         sample_rows: list[int] = []
         lengths: list[int] = []
-        bs = self.block_size
         for s in ordered:
             req = s.request
             start = starts[req.request_id]
             stop = req.num_computed_tokens + s.num_new_tokens
-            table = block_tables[req.request_id]
             input_ids.extend(req.token_slice(start, stop))
             positions.extend(range(start, stop))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, stop))
             lengths.extend([req.num_tokens] * (stop - start))
             if s.samples:
                 sample_rows.append(len(input_ids) - 1)
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
-            key_cache=self.kv.key,
-            value_cache=self.kv.value,
-            key_scale=self.kv.key_scale,
-            value_scale=self.kv.value_scale,
-            block_size=bs,
-        )
-        rows = RowsBuilder(bs) if self.decode_kernel is not None else None
-        self._decode_metadata(meta, decodes, block_tables, rows)
-        self._prefill_metadata(meta, prefills, starts, block_tables, len(decodes), rows)
-        if rows is not None:
-            meta.kernel, meta.kernel_rows = self.decode_kernel, rows.build()
+        groups = [
+            self._metadata(ordered, decodes, prefills, starts, {rid: t[g] for rid, t in block_tables.items()})
+            for g in range(max(self.layer_group, default=0) + 1)
+        ]
+        meta = groups[0]
+        if len(groups) > 1:
+            meta.groups, meta.layer_group = groups, self.layer_group
         if self.rope is not None:
             self.rope.select(lengths, self.device)
         sampling = [s for s in ordered if s.samples]
@@ -123,6 +118,39 @@ class ModelRunner:
         sampled = {s.request.request_id: t for s, t in zip(sampling, result.token_ids, strict=True)}
         logprobs = {s.request.request_id: lp for s, lp in zip(sampling, result.logprobs, strict=True) if lp is not None}
         return StepResult(sampled, logprobs)
+
+    def _metadata(
+        self,
+        ordered: list[ScheduledRequest],
+        decodes: list[ScheduledRequest],
+        prefills: list[ScheduledRequest],
+        starts: dict[str, int],
+        block_tables: dict[str, list[int]],
+    ) -> AttentionMetadata:
+        """The step's attention metadata over one KV group's block tables."""
+        bs = self.block_size
+        slots: list[int] = []
+        for s in ordered:
+            req = s.request
+            table = block_tables[req.request_id]
+            slots.extend(
+                table[p // bs] * bs + p % bs
+                for p in range(starts[req.request_id], req.num_computed_tokens + s.num_new_tokens)
+            )
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            key_cache=self.kv.key,
+            value_cache=self.kv.value,
+            key_scale=self.kv.key_scale,
+            value_scale=self.kv.value_scale,
+            block_size=bs,
+        )
+        rows = RowsBuilder(bs) if self.decode_kernel is not None else None
+        self._decode_metadata(meta, decodes, block_tables, rows)
+        self._prefill_metadata(meta, prefills, starts, block_tables, len(decodes), rows)
+        if rows is not None:
+            meta.kernel, meta.kernel_rows = self.decode_kernel, rows.build()
+        return meta
 
     def _logits(
         self, input_ids: list[int], positions: list[int], meta: AttentionMetadata, sample_rows: list[int]

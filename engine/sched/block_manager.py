@@ -23,6 +23,9 @@ class _Block:
     # whole chain; comparing parent keys could not, once keys collide or get re-registered for other content.
     serial: int | None = None
     parent_serial: int | None = None
+    # Where layers are grouped (engine.sched.kv_groups): this block's group and the serial of group 0's block at
+    # the same place in the chain when it was registered, which proves it without its parents.
+    anchor: tuple[int, int | None] | None = None
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class _RequestState:
     last_serial: int | None = None  # chain identity of the last handled block's content
     promised: list[int] = field(default_factory=list)  # keys of the full blocks it announced (promise)
     num_released: int = 0  # leading blocks given back early (release_before); their entries are never read
+    chain: list[int | None] = field(default_factory=list)  # the chain identity (serial) of each handled block
 
 
 class BlockManager:
@@ -93,14 +97,20 @@ class BlockManager:
         self.prefix_queries += num_queried_tokens
         self.prefix_hits += num_hit_tokens
 
-    def get_computed_blocks(self, token_ids: Sequence[int]) -> tuple[list[int], int]:
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens one request could hold if it had the pool to itself."""
+        return self.num_blocks * self.block_size
+
+    def get_computed_blocks(self, token_ids: Sequence[int], root: int | None = None) -> tuple[list[int], int]:
         """Longest cached run of full blocks matching a prefix of token_ids, always leaving the last token
-        to compute so the model has logits to sample from. Returns (block_ids, num_tokens_covered)."""
+        to compute so the model has logits to sample from. Returns (block_ids, num_tokens_covered). root: the
+        key the chain starts from (engine.sched.kv_groups: one per layer group)."""
         if not self.enable_prefix_caching:
             return [], 0
         size = self.block_size
         hits: list[int] = []
-        parent_key: int | None = None
+        parent_key: int | None = root
         parent_serial: int | None = None
         for i in range(max(0, len(token_ids) - 1) // size):
             tokens = tuple(token_ids[i * size : (i + 1) * size])
@@ -130,7 +140,7 @@ class BlockManager:
             if self._promised.setdefault(key, request_id) == request_id:
                 state.promised.append(key)
 
-    def awaits_prefix(self, token_ids: Sequence[int], hit_blocks: Sequence[int]) -> bool:
+    def awaits_prefix(self, token_ids: Sequence[int], hit_blocks: Sequence[int], root: int | None = None) -> bool:
         """Whether the next block that could extend the prefix hits (get_computed_blocks) of token_ids is one a
         running request promised: waiting for it to be cached beats computing a copy of it. A hint only (a key
         collision costs a wait, never wrong KV): hits are still confirmed by content when they are taken."""
@@ -139,25 +149,36 @@ class BlockManager:
         size, i = self.block_size, len(hit_blocks)
         if i >= max(0, len(token_ids) - 1) // size:  # the last token is always computed: no further hit
             return False
-        parent_key = self._blocks[hit_blocks[-1]].key if hit_blocks else None
+        parent_key = self._blocks[hit_blocks[-1]].key if hit_blocks else root
         return block_hash(parent_key, tuple(token_ids[i * size : (i + 1) * size])) in self._promised
 
-    def allocate_slots(self, request_id: str, num_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
+    def blocks_to_allocate(self, request_id: str, num_tokens: int, computed_blocks: Sequence[int] = ()) -> int:
+        """Free blocks allocate_slots would take: new ones, and prefix hits it would revive from the free list."""
+        state = self._requests.get(request_id)
+        table_len = len(state.table) if state is not None else 0
+        num_new = max(0, self.num_blocks_needed(num_tokens) - table_len - len(computed_blocks))
+        # A negative id stands for a block a windowed group does not need (engine.sched.kv_groups): none taken.
+        return num_new + sum(1 for b in computed_blocks if b >= 0 and self._blocks[b].ref_count == 0)
+
+    def allocate_slots(
+        self, request_id: str, num_tokens: int, computed_blocks: Sequence[int] = (), root: int | None = None
+    ) -> bool:
         """Grow request_id's table to hold num_tokens tokens in total, first attaching computed_blocks
-        (first call only). All or nothing: returns False and changes nothing when free blocks fall short."""
+        (first call only; root: the key their chain started from, get_computed_blocks'). All or nothing:
+        returns False and changes nothing when free blocks fall short."""
         state = self._requests.get(request_id)
         if state is not None and not computed_blocks and 0 <= num_tokens <= len(state.table) * self.block_size:
             return True  # a decode step inside its last block: nearly every call, kept cheap
         table_len = len(state.table) if state is not None else 0
         if computed_blocks and table_len:
             raise ValueError(f"computed_blocks given for request {request_id!r} whose table is not empty")
-        self._check_prefix_chain(computed_blocks)
+        self._check_prefix_chain(computed_blocks, root)
         num_new = max(0, self.num_blocks_needed(num_tokens) - table_len - len(computed_blocks))
         num_revived = sum(1 for block_id in computed_blocks if self._blocks[block_id].ref_count == 0)
         if num_new + num_revived > len(self._free):
             return False
         if state is None:
-            state = self._requests[request_id] = _RequestState()
+            state = self._requests[request_id] = _RequestState(last_key=root)
         for block_id in computed_blocks:
             block = self._blocks[block_id]
             if block.ref_count == 0:
@@ -167,6 +188,7 @@ class BlockManager:
         if computed_blocks:
             last = self._blocks[computed_blocks[-1]]
             state.num_cached, state.last_key, state.last_serial = len(computed_blocks), last.key, last.serial
+            state.chain = [self._blocks[b].serial for b in computed_blocks]
         for _ in range(num_new):
             block_id, _ = self._free.popitem(last=False)
             block = self._blocks[block_id]
@@ -176,8 +198,15 @@ class BlockManager:
             state.table.append(block_id)
         return True
 
-    def cache_blocks(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Register the request's full, fully computed blocks in the prefix cache; O(1) if none filled up."""
+    def cache_blocks(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        num_computed_tokens: int,
+        anchors: Sequence[tuple[int, int | None]] = (),
+    ) -> None:
+        """Register the request's full, fully computed blocks in the prefix cache; O(1) if none filled up.
+        anchors: group 0's chain (engine.sched.kv_groups), each block registered here anchored to its place."""
         if not self.enable_prefix_caching:
             return
         state = self._requests.get(request_id)
@@ -201,6 +230,7 @@ class BlockManager:
             if owner_id is None:
                 block.key, block.tokens, block.parent_serial = key, tokens, state.last_serial
                 block.serial = next(self._serials)
+                block.anchor = anchors[i] if i < len(anchors) else None
                 self._cached[key] = block_id
                 state.last_serial = block.serial
             else:
@@ -212,6 +242,7 @@ class BlockManager:
                     # A hash collision: a fresh identity stops later blocks chaining onto foreign content.
                     state.last_serial = next(self._serials)
             state.last_key = key
+            state.chain.append(state.last_serial)
         state.num_cached = max(state.num_cached, num_full)
 
     def free(self, request_id: str) -> None:
@@ -250,18 +281,20 @@ class BlockManager:
                 # Nothing to reuse in it, so hand it out before any cached block.
                 self._free.move_to_end(block_id, last=False)
 
-    def _check_prefix_chain(self, block_ids: Sequence[int]) -> None:
+    def _check_prefix_chain(self, block_ids: Sequence[int], root: int | None) -> None:
         parent_serial: int | None = None
-        for block_id in block_ids:
+        for i, block_id in enumerate(block_ids):
             if not 0 <= block_id < self.num_blocks:
                 raise ValueError(f"block id {block_id} outside 0..{self.num_blocks - 1}")
             block = self._blocks[block_id]
             if block.key is None or block.parent_serial != parent_serial:
                 raise ValueError("computed_blocks must be a cached prefix chain from get_computed_blocks")
+            if i == 0 and block.key != block_hash(root, block.tokens):
+                raise ValueError("computed_blocks must start from the chain's root (another layer group's?)")
             parent_serial = block.serial
 
     def _evict(self, block_id: int) -> None:
         block = self._blocks[block_id]
         assert block.key is not None and self._cached[block.key] == block_id
         del self._cached[block.key]
-        block.key, block.tokens, block.serial, block.parent_serial = None, (), None, None
+        block.key, block.tokens, block.serial, block.parent_serial, block.anchor = None, (), None, None, None

@@ -79,8 +79,7 @@ class Scheduler:
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Reject a request that could never run: beyond the model's context or the whole KV pool."""
-        capacity = self.blocks.num_blocks * self.blocks.block_size
-        check_fits(num_prompt_tokens, max_tokens, self.limits.max_model_len, capacity)
+        check_fits(num_prompt_tokens, max_tokens, self.limits.max_model_len, self.blocks.capacity_tokens)
 
     def add_request(self, request: Request, held: bool = False) -> None:
         """held: accept it now but queue it only at release_held, so it takes no seat before it can run."""

@@ -187,5 +187,16 @@ def test_a_sliding_window_model_has_room_for_chats_of_its_window_not_their_lengt
     from web.console.capacity import capacity
 
     assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100), 2000).chats == 900 // 125
-    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_window=256), 2000).chats == 900 // 17
-    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_window=256), 100).chats == 900 // 7
+    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_groups=[256]), 2000).chats == 900 // 17
+    assert capacity(stats(kv_blocks_total=1000, kv_blocks_used=100, kv_groups=[256]), 100).chats == 900 // 7
+
+
+def test_a_model_mixing_windowed_and_global_layers_has_room_by_its_groups() -> None:
+    """Gemma-style (engine.sched.kv_groups): a chat takes a block in every group for each 16 tokens; the global
+    group keeps all 125 of a 2,000-token chat, each of the two windowed groups 17; without giving back, 3 x 125."""
+    from web.console.capacity import capacity
+
+    mixed = stats(kv_blocks_total=3000, kv_blocks_used=300, kv_groups=[None, 256, 256])
+    assert capacity(mixed, 2000).chats == 2700 // (125 + 17 + 17)
+    held = stats(kv_blocks_total=3000, kv_blocks_used=300, kv_groups=[None, None, None])
+    assert capacity(held, 2000).chats == 2700 // 375

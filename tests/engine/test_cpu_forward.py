@@ -14,6 +14,7 @@ from engine import EngineConfig, SamplingParams
 from engine.core import EngineCore
 from engine.cpu.kernel_build import KernelBuildError, LayerOps, build_layer_ops
 from engine.cpu.plan import CpuPlan, Forward, cpu_plan, this_machine
+from engine.model.attention import AttentionMetadata
 from engine.model.forward import CpuForward, cpu_forward
 
 try:
@@ -153,7 +154,6 @@ def test_logits_are_transformers_forwards(model: str) -> None:
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         core.runner.forward = core.forward
         bad = torch.full((2,), core.kv.num_blocks * core.kv.block_size)
-        pool = {"key_cache": core.kv.key, "value_cache": core.kv.value, "key_scale": [], "value_scale": []}
-        meta = type("Meta", (), {"slot_mapping": bad, **pool})()
+        meta = AttentionMetadata(bad, core.kv.key, core.kv.value)
         assert core.forward is not None
-        core.forward(torch.tensor([5, 6]), torch.tensor([0, 1]), meta, torch.tensor([1]))  # type: ignore[arg-type]
+        core.forward(torch.tensor([5, 6]), torch.tensor([0, 1]), meta, torch.tensor([1]))

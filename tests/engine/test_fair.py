@@ -286,6 +286,7 @@ def test_queue_position_and_eta_come_from_the_latest_snapshot() -> None:
     assert client.queue_position("r1") is None
     snapshot = {f: 0 for f in EngineStats.__struct_fields__} | {"memory_kind": "RAM", "kv_cache_dtype": "float32"}
     snapshot |= {"tenants": [], "recent_queue_wait": [], "recent_ttft": [], "recent_tpot": [], "queue": ["r0", "r1"]}
+    snapshot |= {"kv_groups": []}
     client._stats = msgspec.convert(snapshot | {"admission_rate": 4.0}, EngineStats)
     assert client.queue_position("r1") == QueuePosition(2, 0.5)
     assert client.queue_position("running-or-unknown") is None

@@ -5,7 +5,6 @@ no history yet, a 2,000-token chat is assumed and said so."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -53,7 +52,4 @@ def capacity(stats: EngineStats | None, typical: int | None) -> Capacity | None:
         return None
     chat_tokens = typical or ASSUMED_CHAT_TOKENS
     free = max(stats.kv_blocks_total - stats.kv_blocks_used, 0)
-    per_chat = math.ceil(chat_tokens / stats.block_size)
-    if stats.kv_window is not None:  # a chat holds the blocks its window spans, the next one partly filled
-        per_chat = min(per_chat, math.ceil(stats.kv_window / stats.block_size) + 1)
-    return Capacity(free // per_chat, chat_tokens, typical is not None)
+    return Capacity(free // stats.blocks_per_chat(chat_tokens), chat_tokens, typical is not None)

@@ -41,7 +41,7 @@ def ready(gate: deps.Gate) -> Readiness:
     info = gate.client.model_info
     if info is None or not info.kv_bytes_per_block:  # a remote backend's context, not a pool
         return Readiness("ready", gate.model_name)
-    return Readiness("ready", gate.model_name, info.num_kv_blocks * info.block_size, info.kv_cache_dtype)
+    return Readiness("ready", gate.model_name, info.kv_tokens, info.kv_cache_dtype)
 
 
 @get("/metrics")
