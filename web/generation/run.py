@@ -211,11 +211,13 @@ class Generation:
             elif last is not None:
                 self._observe_gap(now - last, n)
             self._last_token_mono[index] = now
-            self._counts[index] += n
-            log.completion_tokens += n
             if now - self._checkpointed >= CHECKPOINT_S and not out.finished:
+                # What was handed to the client so far: every earlier delta was written before this one was
+                # taken; this delta (several tokens where the gateway fell behind the engine) is not yet.
                 self._checkpointed = now
                 self._owner.ledger.checkpoint(log, now)
+            self._counts[index] += n
+            log.completion_tokens += n
         if self._text is not None and out.text:
             self._text[index].append(out.text)
         if out.usage is not None:
