@@ -76,7 +76,9 @@ class EngineCore:
         # where others attend fully (engine.sched.kv_groups); not with longrope, whose recompute rewrites a
         # request's whole context.
         windows = [f.window if self.rope is None else None for f in self.features.layers]
-        self.kv_groups = KVGroups.plan(windows or [None] * self.loaded.num_layers)
+        if len(windows) != self.loaded.num_layers:  # the probe saw other layers than the pool holds: no groups
+            windows = [None] * self.loaded.num_layers
+        self.kv_groups = KVGroups.plan(windows)
         log.info("KV pool: %s", self.kv_groups.describe())
         self.kv = self._allocate_kv()
         # A longrope token's keys depend on its request's prompt length, which a shared prefix does not carry.
