@@ -203,10 +203,12 @@ class BlockManager:
         request_id: str,
         token_ids: Sequence[int],
         num_computed_tokens: int,
-        anchors: Sequence[tuple[int, int | None]] = (),
+        anchors: Sequence[int | None] = (),
+        group: int = 0,
     ) -> None:
         """Register the request's full, fully computed blocks in the prefix cache; O(1) if none filled up.
-        anchors: group 0's chain (engine.sched.kv_groups), each block registered here anchored to its place."""
+        anchors: group 0's chain (engine.sched.kv_groups), each block registered here for `group` anchored to
+        its place."""
         if not self.enable_prefix_caching:
             return
         state = self._requests.get(request_id)
@@ -230,7 +232,7 @@ class BlockManager:
             if owner_id is None:
                 block.key, block.tokens, block.parent_serial = key, tokens, state.last_serial
                 block.serial = next(self._serials)
-                block.anchor = anchors[i] if i < len(anchors) else None
+                block.anchor = (group, anchors[i]) if i < len(anchors) else None
                 self._cached[key] = block_id
                 state.last_serial = block.serial
             else:

@@ -87,8 +87,9 @@ class GroupedBlockManager(BlockManager):
     What the scheduler sees is unchanged: a request's blocks are allocated, cached, promised and freed in every
     group at once (all or nothing); a prefix hit is the prefix every group still holds; block_table and num_slots
     are group 0's (a global group where there is one). Groups other than 0 keep their tables under the request id
-    plus the group number, and chain their prefix-cache keys from a root of their own, so no group ever shares a
-    block of another's layers."""
+    plus the group number and chain their prefix-cache keys from a root of their own; their cached blocks carry
+    an anchor (their group and group 0's chain at their place), the only proof a hit of theirs is taken on, so no
+    group is ever handed a block of another group's layers or of another prefix."""
 
     def __init__(
         self,
@@ -214,7 +215,8 @@ class GroupedBlockManager(BlockManager):
         request_id: str,
         token_ids: Sequence[int],
         num_computed_tokens: int,
-        anchors: Sequence[tuple[int, int | None]] = (),
+        anchors: Sequence[int | None] = (),
+        group: int = 0,
     ) -> None:
         """Every group's full blocks; groups other than 0 anchored to group 0's chain."""
         ids = self._ids(request_id)
@@ -222,7 +224,7 @@ class GroupedBlockManager(BlockManager):
         first = self._requests.get(ids[0])
         chain = first.chain if first is not None else []
         for g, rid in enumerate(ids[1:], 1):
-            super().cache_blocks(rid, token_ids, num_computed_tokens, [(g, serial) for serial in chain])
+            super().cache_blocks(rid, token_ids, num_computed_tokens, chain, g)
 
     def free(self, request_id: str) -> None:
         for rid in self._ids(request_id):

@@ -233,6 +233,19 @@ class _Shadow:
 vocab = st.integers(0, 3)
 
 
+def derived_prompt(prompts: list[list[int]], base: int, cut: int, suffix: list[int]) -> list[int]:
+    """A new prompt for a state machine: a cut of an earlier one (so prefixes are shared), then suffix; kept in
+    prompts unless empty."""
+    prefix: list[int] = []
+    if prompts:
+        earlier = prompts[base % len(prompts)]
+        prefix = earlier[: cut % (len(earlier) + 1)]
+    prompt = prefix + suffix
+    if prompt:
+        prompts.append(prompt)
+    return prompt
+
+
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random admissions, steps and frees against a shadow of what KV every block really holds."""
 
@@ -298,14 +311,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         chunk=st.integers(1, 12),
     )
     def add(self, base: int, cut: int, suffix: list[int], chunk: int) -> None:
-        prefix: list[int] = []
-        if self.prompts:
-            earlier = self.prompts[base % len(self.prompts)]
-            prefix = earlier[: cut % (len(earlier) + 1)]
-        prompt = prefix + suffix
+        prompt = derived_prompt(self.prompts, base, cut, suffix)
         if not prompt:
             return
-        self.prompts.append(prompt)
         hits, num_hit = self.bm.get_computed_blocks(prompt)
         size = self.bm.block_size
         assert num_hit == len(hits) * size <= len(prompt) - 1

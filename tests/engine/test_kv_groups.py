@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.sched.kv_groups import SKIPPED, GroupedBlockManager, KVGroups
+from tests.engine.test_block_manager import derived_prompt
 
 
 def test_alike_layers_make_one_group_of_every_layer() -> None:
@@ -194,14 +195,9 @@ class GroupedBlocksMachine(RuleBasedStateMachine):
     @rule(base=st.integers(0, 1000), cut=st.integers(0, 1000), suffix=st.lists(st.integers(0, 2), max_size=8),
           chunk=st.integers(1, 12))  # fmt: skip
     def add(self, base: int, cut: int, suffix: list[int], chunk: int) -> None:
-        prefix: list[int] = []
-        if self.prompts:
-            earlier = self.prompts[base % len(self.prompts)]
-            prefix = earlier[: cut % (len(earlier) + 1)]
-        prompt = prefix + suffix
+        prompt = derived_prompt(self.prompts, base, cut, suffix)
         if not prompt:
             return
-        self.prompts.append(prompt)
         bm, size = self.bm, self.bm.block_size
         hits, covered = bm.get_computed_blocks(prompt)
         groups = len(bm.windows)
