@@ -65,7 +65,9 @@ typecheck: setup
 # - the first: everything else, whose real servers, vLLM, browsers and installs are mostly one core's work: with it
 #   alone after the in-process suites ended, the 2-core box stood at 53% busy for 18 minutes (sampled every 10 s).
 # The second lane prints its reports after the first's; either failing fails the target. (pytest-xdist, -n 2
-# --dist loadgroup, was tried before: each worker started a vLLM server of its own, and it had not paid.)
+# --dist loadgroup, was tried before: each worker started a vLLM server of its own, and it had not paid; -n 3 split
+# the install module over three workers, each installing. Three lanes, the real-server tests split in two beside the
+# CPU-bound lane, took 1,236 s against these two lanes' 1,131 s: the suite is CPU-bound, and the niced lane starved.)
 SECOND_LOG := artifacts/pytest-second-lane.log
 BESIDE_DIRS := tests/security tests/web  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
 SECOND_DIRS := tests/engine

@@ -117,6 +117,21 @@ def full_cost_scrypt(
         monkeypatch.setattr(module, name, real)
 
 
+@pytest.fixture
+def cheap_new_passwords(
+    _scrypt_once_per_password: list[tuple[Any, str, Any, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For one test that makes a person with a new password at every request (the fuzzer: 50 examples of POST
+    /admin/api/users at ~0.4 s of scrypt each): every password is hashed at scrypt's N=2^10, uncached, so the
+    run's cache keeps only full-cost hashes. The hashes stay real (the cost is written in each one, and checks
+    read it there); the decoy for unknown names is made first, at full cost, since it is made once per process."""
+    passwords.nobodys_hash()
+    monkeypatch.setattr(passwords, "SCRYPT_N", 1 << 10)
+    for module, name, real, _ in _scrypt_once_per_password:
+        if name == "hash_password":
+            monkeypatch.setattr(module, name, real)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One real appliance (tests/web/server.py: its own process, random:tiny) for every suite that leaves it

@@ -171,6 +171,7 @@ def _steer(case: schemathesis.Case, target: Target, mode: GenerationMode, existi
             case.body = _integral_floats_to_ints(case.body)
 
 
+@pytest.mark.usefixtures("cheap_new_passwords")
 @pytest.mark.parametrize(("method", "path", "mode"), CASES, ids=[f"{m} {p} {mode}" for m, p, mode in CASES])
 def test_operation_answers_within_its_document(
     request: pytest.FixtureRequest, tmp_path: Path, method: str, path: str, mode: GenerationMode
