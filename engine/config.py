@@ -67,7 +67,8 @@ class EngineConfig:
     # float32 linear layers on a CPU with their weights in the narrowest form that holds them exactly
     # (engine/cpu/packed_linear.py); off to compare
     compact_weights: bool = True
-    # Llama-family models on a CPU in float32: the engine's own forward (engine/model/forward.py); off: transformers'
+    # Llama-family models on a CPU in float32 or bfloat16: the engine's own forward (engine/model/forward.py); off:
+    # transformers'
     own_forward: bool = True
     log_level: str = "info"  # the engine process logs on its own: it cannot see the server's logging set-up
 

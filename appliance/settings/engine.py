@@ -77,7 +77,7 @@ class EngineSettings:
     )
     own_forward: bool = setting(
         True,
-        "On a CPU in float32, Llama and Qwen2 models run the engine's own forward (the same arithmetic as "
+        "On a CPU in float32 or bfloat16, Llama and Qwen2 models run the engine's own forward (the same arithmetic as "
         "transformers' in a few calls per layer); false runs transformers' modules.",
     )
     max_model_len: int | None = setting(None, "Cap on prompt + completion tokens (default: the model's context).")

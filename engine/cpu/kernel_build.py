@@ -52,12 +52,11 @@ FLAGS = (
     "-shared",
 )
 # The layer's elementwise operations follow transformers' rounding: no fused multiply-adds the source does not
-# write (only its e^x does), and infinities kept (SiLU of a large negative number divides by one). The sum of
-# squares may still be reassociated.
+# write (only its e^x does), no sums reassociated (a norm's sum of squares is added in torch's order), and
+# infinities kept (SiLU of a large negative number divides by one).
 LAYER_FLAGS = (
     "-O3",
     "-fno-math-errno",
-    "-fassociative-math",
     "-fno-signed-zeros",
     "-fno-trapping-math",
     "-ffp-contract=off",
@@ -94,6 +93,10 @@ LAYER_ARGTYPES: dict[str, list[Any]] = {
     "rope_and_store_int8": [_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _I],
     "silu_mul": [_P, _I, _P, _I, _I, _I],
 }
+# The same where the model computes in bfloat16 (their arrays bf16, the pool too).
+LAYER_ARGTYPES |= {
+    f"{name}_bf16": LAYER_ARGTYPES[name] for name in ("add_rms_norm", "rope", "rope_and_store", "silu_mul")
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,10 @@ class LayerOps:
     rope_and_store: Callable[..., int]
     rope_and_store_int8: Callable[..., int]
     silu_mul: Callable[..., None]
+    add_rms_norm_bf16: Callable[..., None]
+    rope_bf16: Callable[..., None]
+    rope_and_store_bf16: Callable[..., int]
+    silu_mul_bf16: Callable[..., None]
     build_s: float
 
 

@@ -16,6 +16,7 @@ from engine.cpu.kernel_build import ELEMENTS, NO_COMPILER, KernelBuildError, fin
 
 # The models engine.model.forward computes as transformers does (their module layout and arithmetic).
 OWN_FORWARD_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+OWN_FORWARD_DTYPES = ("float32", "bfloat16")  # engine/cpu/csrc/layer_ops.c computes both
 NOT_A_CPU = "not a CPU"
 
 T = TypeVar("T", covariant=True)
@@ -200,12 +201,12 @@ def _forward(config: EngineConfig, dtype: str, architecture: str | None, machine
         return Decision(Forward.TRANSFORMERS, "as own_forward (APPLIANCE_OWN_FORWARD) says")
     if architecture is not None and architecture not in OWN_FORWARD_ARCHITECTURES:
         return Decision(Forward.TRANSFORMERS, f"the engine's own is for {served}, not {architecture}")
-    if dtype != "float32":
-        return Decision(Forward.TRANSFORMERS, f"the engine's own is for float32 on a CPU, not {dtype} on cpu")
+    if dtype not in OWN_FORWARD_DTYPES:
+        return Decision(Forward.TRANSFORMERS, f"the engine's own is for float32 or bfloat16 on a CPU, not {dtype}")
     if machine.compiler is None:
         return Decision(Forward.TRANSFORMERS, f"slower: {NO_COMPILER}", fallback=True)
     model = architecture or f"{served} models"
-    return Decision(Forward.OWN, f"{model} in float32 on a CPU, where its operations build")
+    return Decision(Forward.OWN, f"{model} in {dtype} on a CPU, where its operations build")
 
 
 def _shown(choice: object) -> str:

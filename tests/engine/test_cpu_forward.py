@@ -1,5 +1,6 @@
 """The engine's own forward for Llama-family models on a CPU (engine/model/forward.py): chosen where it applies and
-nowhere else, its operations equal transformers' own, and its logits those of transformers' forward. (Greedy
+nowhere else, its operations equal transformers' own in float32 and in bfloat16, and its logits those of
+transformers' forward. (Greedy
 equivalence with transformers' generate under preemption, chunking and prefix hits runs through it in
 tests/engine/test_equivalence.py, for Llama and Qwen2.)"""
 
@@ -28,11 +29,12 @@ def _core(model: str = "random:tiny", **options: object) -> EngineCore:
     return EngineCore(EngineConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__}, **options}))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen2"])
-def test_llama_and_qwen2_in_float32_take_the_engines_forward(model: str) -> None:
-    core = _core(model)
+def test_llama_and_qwen2_in_float32_and_bfloat16_take_the_engines_forward(model: str, dtype: str) -> None:
+    core = _core(model, dtype=dtype)
     assert isinstance(core.forward, CpuForward) and core.runner.forward is core.forward
-    assert _core(model, own_forward=False).forward is None
+    assert _core(model, dtype=dtype, own_forward=False).forward is None
 
 
 def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,9 +43,9 @@ def test_other_dtypes_architectures_and_hosts_keep_transformers_forward(monkeypa
     def plan(dtype: str = "float32", architecture: str = "LlamaForCausalLM") -> CpuPlan:
         return cpu_plan(EngineConfig(), "cpu", dtype, architecture, this_machine())
 
-    bf16 = plan("bfloat16")
-    assert cpu_forward(core.loaded.model, bf16) == (None, bf16)
-    assert "for float32 on a CPU, not bfloat16 on cpu" in bf16.forward.reason
+    half = plan("float16")
+    assert cpu_forward(core.loaded.model, half) == (None, half)
+    assert "for float32 or bfloat16 on a CPU, not float16" in half.forward.reason
     other = plan(architecture=type(nn.Linear(4, 4)).__name__)
     assert cpu_forward(nn.Linear(4, 4), other) == (None, other) and "not Linear" in other.forward.reason
     monkeypatch.setenv("CC", "/nonexistent/cc")
@@ -63,21 +65,26 @@ def test_a_model_of_another_activation_keeps_transformers_forward() -> None:
     assert forward is None and settled.forward.reason == "the engine's own computes SiLU, not gelu"
 
 
-def test_the_norm_follows_transformers_rmsnorm() -> None:
-    g = torch.Generator().manual_seed(0)
-    norm = LlamaRMSNorm(96, eps=1e-5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [8, 96, 100, 576, 960, 3000, 8192])  # below, at and past a cascade level; tails
+def test_the_norm_is_transformers_rmsnorm_bit_for_bit(width: int, dtype: torch.dtype) -> None:
+    """The sum of squares is added in torch's order (layer_ops.c's torch_row_sum), so the norm is torch's own."""
+    g = torch.Generator().manual_seed(width)
+    norm = LlamaRMSNorm(width, eps=1e-5)
     with torch.no_grad():
         norm.weight.normal_(generator=g)
-    h, residual = torch.randn(7, 96, generator=g), torch.randn(7, 96, generator=g)
+    norm = norm.to(dtype)
+    h, residual = ((torch.randn(33, width, generator=g) * 3).to(dtype) for _ in range(2))
     expected_residual = residual + h
     with torch.inference_mode():
         expected = norm(expected_residual)
+    add_rms_norm = OPS.add_rms_norm if dtype == torch.float32 else OPS.add_rms_norm_bf16
     out = torch.empty_like(h)
-    OPS.add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 7, 96, 0, out.data_ptr())
+    add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 33, width, 0, out.data_ptr())
     assert torch.equal(residual, expected_residual)  # one rounding, as torch's add
-    torch.testing.assert_close(out, expected, rtol=2e-6, atol=1e-6)  # only the sum of squares' order differs
+    assert torch.equal(out, expected)
     first = torch.empty_like(h)
-    OPS.add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 7, 96, 1, first.data_ptr())
+    add_rms_norm(h.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), 1e-5, 33, width, 1, first.data_ptr())
     assert torch.equal(residual, h)  # the first layer's residual is the embeddings themselves
 
 
@@ -134,10 +141,59 @@ def test_silu_is_as_close_to_the_exact_value_as_torchs_over_the_whole_range() ->
     assert (gate[0].abs() <= 1e-30).equal(exact.abs() <= 1e-30)  # underflows where the exact value does
 
 
+def test_bfloat16_rotary_embedding_is_transformers_own_bit_for_bit_and_the_pool_gets_keys_and_values() -> None:
+    g = torch.Generator().manual_seed(3)
+    tokens, heads, kv_heads, dim, slots = 6, 9, 3, 64, 40
+    q, k, v = ((torch.randn(tokens, n * dim, generator=g) * 2).bfloat16() for n in (heads, kv_heads, kv_heads))
+    angles = torch.rand(tokens, dim // 2, generator=g) * 60
+    cos, sin = (f(torch.cat([angles, angles], -1)).bfloat16() for f in (torch.cos, torch.sin))  # as rotary_emb gives
+    q_ref, k_ref = apply_rotary_pos_emb(
+        q.view(1, tokens, heads, dim).transpose(1, 2), k.view(1, tokens, kv_heads, dim).transpose(1, 2), cos[None],
+        sin[None],
+    )  # fmt: skip
+    q2, k2 = q.clone(), k.clone()
+    OPS.rope_bf16(q2.data_ptr(), q2.stride(0), k2.data_ptr(), k2.stride(0), cos.data_ptr(), sin.data_ptr(), tokens,
+                  heads, kv_heads, dim)  # fmt: skip
+    assert torch.equal(q2.view(tokens, heads, dim).transpose(0, 1), q_ref[0])
+    assert torch.equal(k2.view(tokens, kv_heads, dim).transpose(0, 1), k_ref[0])
+    where = torch.tensor([3, 9, 0, 39, 17, 5])
+    k_cache, v_cache = (torch.zeros(kv_heads, slots, dim, dtype=torch.bfloat16) for _ in range(2))
+    failed = OPS.rope_and_store_bf16(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+        sin.data_ptr(), where.data_ptr(), tokens, heads, kv_heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), slots,
+    )  # fmt: skip
+    assert failed == 0 and torch.equal(q, q2) and torch.equal(k, k2)
+    assert torch.equal(k_cache[:, where], k_ref[0])
+    assert torch.equal(v_cache[:, where], v.view(tokens, kv_heads, dim).transpose(0, 1))
+    where[1] = -1
+    failed = OPS.rope_and_store_bf16(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+        sin.data_ptr(), where.data_ptr(), tokens, heads, kv_heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), slots,
+    )  # fmt: skip
+    assert failed == 2
+
+
+def test_bfloat16_silu_times_up_is_torchs_but_for_rare_last_bits() -> None:
+    """SiLU is rounded to bf16, then its product with up: torch's two roundings. The e^x differs from torch's in
+    float32's last bits, which moves a bf16 result by one step only where it lies on a rounding boundary."""
+    g = torch.Generator().manual_seed(4)
+    gate, up = (torch.randn(64, 1539, generator=g) * 8).bfloat16(), torch.randn(64, 1539, generator=g).bfloat16()
+    gate[0, 0], gate[0, 1], gate[1, 7] = -200.0, 200.0, float("nan")
+    expected = torch.nn.functional.silu(gate) * up
+    OPS.silu_mul_bf16(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), 64, 1539)
+    assert gate[0, 0] == 0.0 and gate[0, 1] == expected[0, 1] and gate[1, 7].isnan()
+    same = (gate == expected) | (gate.isnan() & expected.isnan())
+    assert float(same.float().mean()) > 0.999
+    steps = (gate.view(torch.int16).int() - expected.view(torch.int16).int()).abs()  # bf16 steps apart
+    assert int(steps[~gate.isnan()].amax()) <= 1
+
+
+@pytest.mark.parametrize(("dtype", "pool"), [("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "int8")])
 @pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen2"])
-def test_logits_are_transformers_forwards(model: str) -> None:
-    """One prompt's first token through both forwards of the same engine: the logits agree to float32 noise."""
-    core = _core(model)
+def test_logits_are_transformers_forwards(model: str, dtype: str, pool: str) -> None:
+    """One prompt's first token through both forwards of the same engine (each computing the whole prompt: no
+    prefix cache) gives the same logits, with a pool of the model's dtype (written in C) or an int8 one."""
+    core = _core(model, dtype=dtype, kv_cache_dtype=pool, enable_prefix_caching=False)
     prompt = list(range(30, 75))
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=5)
     core.add_request("own", prompt, params)
@@ -150,7 +206,9 @@ def test_logits_are_transformers_forwards(model: str) -> None:
     own_top, hf_top = own.logprobs[0].top, hf.logprobs[0].top
     assert [t for t, _, _ in own_top] == [t for t, _, _ in hf_top]
     for (_, _, a), (_, _, b) in zip(own_top, hf_top, strict=True):
-        assert a == pytest.approx(b, abs=1e-4)
+        assert a == pytest.approx(b, abs=1e-4)  # float32: SiLU's e^x, not torch's own, differs in its last bits
+    if dtype == "bfloat16":
+        assert own_top == hf_top  # bit for bit: rounded to bf16, SiLU's last bits are gone here
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         core.runner.forward = core.forward
         bad = torch.full((2,), core.kv.num_blocks * core.kv.block_size)

@@ -44,13 +44,15 @@ def test_avx2_in_float32_compacts_the_weights_and_compiles_attention_and_the_for
     ]
 
 
-def test_avx512_bf16_in_bfloat16_prepacks_and_compiles_attention_with_transformers_forward() -> None:
+def test_avx512_bf16_in_bfloat16_prepacks_and_compiles_attention_with_the_engines_forward() -> None:
     p = plan(AVX512_BF16, "bfloat16")
     assert p.threads.choice == 7
     assert p.attention.choice is Attention.COMPILED
     assert p.linears.choice is Linears.PREPACKED and p.linears.reason.startswith("in bfloat16")
-    assert p.forward.choice is Forward.TRANSFORMERS
-    assert p.forward.reason == "the engine's own is for float32 on a CPU, not bfloat16 on cpu"
+    assert p.forward.choice is Forward.OWN and "in bfloat16 on a CPU" in p.forward.reason
+    half = plan(AVX512_BF16, "float16")
+    assert half.forward.choice is Forward.TRANSFORMERS
+    assert half.forward.reason == "the engine's own is for float32 or bfloat16 on a CPU, not float16"
 
 
 def test_bfloat16_where_torch_has_no_onednn_bf16_linear_stays_plain() -> None:

@@ -3,17 +3,89 @@
  *
  * Each follows transformers' own arithmetic step by step (built with -ffp-contract=off, so a product and a sum
  * round separately as torch's separate kernels do), so the engine's greedy tokens stay those of transformers'
- * generate; only a norm's sum of squares is added in another order, and SiLU's e^x is computed here (within
- * 3.7e-7 relative, as torch's own vectorised one is within 2.6e-7).
+ * generate, bit for bit but for SiLU's e^x, computed here (within 3.7e-7 relative, as torch's own vectorised one
+ * is within 2.6e-7). A norm's sum of squares is added in the order torch's CPU sum adds a row (torch_row_sum).
+ *
+ * The same operations where the model computes in bfloat16 end the file (the _bf16 functions): torch computes each
+ * bf16 operation in float32 and rounds its result to bfloat16 once, so they round where each of torch's operations
+ * does (a norm's float32 steps, a rotation's product and sum, SiLU and the product with up, each rounded).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+/* float to bfloat16, rounded to nearest even, a NaN kept a quiet NaN (as torch's .to(torch.bfloat16)). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* f rounded to bfloat16 and widened again: what torch keeps of a bf16 operation's float32 result. */
+static inline float bf16(float f) { return from_bf16(to_bf16(f)); }
+
+typedef float floats8 __attribute__((vector_size(32), aligned(4)));
+
+/* s[0] + ... + s[n - 1] in the order torch's CPU sum adds a contiguous float32 row (cascade_sum in
+ * aten/src/ATen/native/cpu/SumKernel.cpp): vectors of 8 floats taken four at a time into four accumulators, each a
+ * cascade of four levels that carries every 2^power vectors up a level (power = max(4, ceil(log2(groups)) / 4)),
+ * the vectors left over added to the first accumulator, the other three added to it in turn, then the floats past
+ * the last whole vector and the first accumulator's eight lanes, left to right, onto zero. Checked against
+ * torch.sum in tests/engine/test_cpu_forward.py: the same bits at every width tried. */
+static float torch_row_sum(const float *s, int64_t n) {
+    const int64_t vectors = n / 8, groups = vectors / 4;
+    int64_t ceil_log2 = 1;
+    while (groups > 2 && (INT64_C(1) << ceil_log2) < groups) ++ceil_log2;
+    const int64_t power = ceil_log2 / 4 > 4 ? ceil_log2 / 4 : 4, step = INT64_C(1) << power, mask = step - 1;
+    floats8 acc[4][4];
+    memset(acc, 0, sizeof acc);
+    int64_t i = 0;
+    while (i + step <= groups) {
+        for (int64_t j = 0; j < step; ++j, ++i)
+            for (int k = 0; k < 4; ++k) acc[0][k] += *(const floats8 *)(s + (i * 4 + k) * 8);
+        for (int level = 1; level < 4; ++level) {
+            for (int k = 0; k < 4; ++k) {
+                acc[level][k] += acc[level - 1][k];
+                acc[level - 1][k] = (floats8){0};
+            }
+            if ((i & (mask << (level * power))) != 0) break;
+        }
+    }
+    for (; i < groups; ++i)
+        for (int k = 0; k < 4; ++k) acc[0][k] += *(const floats8 *)(s + (i * 4 + k) * 8);
+    for (int level = 1; level < 4; ++level)
+        for (int k = 0; k < 4; ++k) acc[0][k] += acc[level][k];
+    floats8 first = acc[0][0];
+    for (int64_t v = groups * 4; v < vectors; ++v) first += *(const floats8 *)(s + v * 8);
+    for (int k = 1; k < 4; ++k) first += acc[0][k];
+    float total = 0.0f;
+    for (int64_t j = vectors * 8; j < n; ++j) total += s[j];
+    for (int lane = 0; lane < 8; ++lane) total += first[lane];
+    return total;
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of a row of n floats, as transformers' RMSNorm: x.pow(2) (each square rounded), its mean
+ * (torch's sum, then divided by n), plus eps, torch.rsqrt (a square root, then a division). squares: n floats of
+ * scratch. */
+static float rms_scale(const float *x, int64_t n, float eps, float *squares) {
+    for (int64_t i = 0; i < n; ++i) squares[i] = x[i] * x[i];
+    return 1.0f / sqrtf(torch_row_sum(squares, n) / (float)n + eps);
+}
+
 /* residual (+)= h, then out = weight * (residual / sqrt(mean(residual^2) + eps)), per row of dim floats; with
  * first set, the residual starts as h (the embeddings). Rows of h, residual and out are contiguous. */
 void add_rms_norm(const float *h, float *residual, const float *weight, float eps, int64_t rows, int64_t dim,
                   int first, float *out) {
+    float squares[dim];
     for (int64_t r = 0; r < rows; ++r) {
         const float *hr = h + r * dim;
         float *res = residual + r * dim, *o = out + r * dim;
@@ -22,9 +94,7 @@ void add_rms_norm(const float *h, float *residual, const float *weight, float ep
         } else {
             for (int64_t i = 0; i < dim; ++i) res[i] += hr[i];
         }
-        float squares = 0.0f;
-        for (int64_t i = 0; i < dim; ++i) squares += res[i] * res[i];
-        const float scale = 1.0f / sqrtf(squares / (float)dim + eps);
+        const float scale = rms_scale(res, dim, eps, squares);
         for (int64_t i = 0; i < dim; ++i) o[i] = weight[i] * (res[i] * scale);
     }
 }
@@ -77,13 +147,6 @@ int rope_and_store(float *q, int64_t ldq, float *k, int64_t ldk, const float *v,
     return failed;
 }
 
-/* float to bfloat16, rounded to nearest even (as torch's .to(torch.bfloat16)); scales are finite and positive. */
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* One row of head_dim floats as int8 codes and a bf16 scale, as engine.model.kv_cache.quantize computes them:
  * scale = bf16(max(max|x| / 127, FLT_MIN)), code = round-half-even(clamp(x / scale, -127, 127)). */
@@ -189,5 +252,109 @@ void silu_mul(float *gate, int64_t ldg, const float *up, int64_t ldu, int64_t ro
         }
 #endif
         for (; i < width; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* ---- bfloat16: arrays of uint16_t holding bfloat16 values; each result rounded where torch rounds it. ---- */
+
+/* add_rms_norm where the model is bf16: residual = bf16(residual + h); out = bf16(weight * bf16(residual * rsqrt)),
+ * the norm in float32 as transformers' RMSNorm computes it. */
+void add_rms_norm_bf16(const uint16_t *h, uint16_t *residual, const uint16_t *weight, float eps, int64_t rows,
+                       int64_t dim, int first, uint16_t *out) {
+    float wide[dim], squares[dim];
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *hr = h + r * dim;
+        uint16_t *res = residual + r * dim, *o = out + r * dim;
+        if (first) {
+            memcpy(res, hr, sizeof(uint16_t) * (size_t)dim);
+        } else {
+            for (int64_t i = 0; i < dim; ++i) res[i] = to_bf16(from_bf16(res[i]) + from_bf16(hr[i]));
+        }
+        for (int64_t i = 0; i < dim; ++i) wide[i] = from_bf16(res[i]);
+        const float scale = rms_scale(wide, dim, eps, squares);
+        for (int64_t i = 0; i < dim; ++i) o[i] = to_bf16(from_bf16(weight[i]) * bf16(wide[i] * scale));
+    }
+}
+
+/* rotate over bf16: bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)), as transformers' apply_rotary_pos_emb. */
+static void rotate_bf16(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = from_bf16(x[i]), b = from_bf16(x[i + half]);
+        x[i] = to_bf16(bf16(a * from_bf16(cos[i])) + bf16(-b * from_bf16(sin[i])));
+        x[i + half] = to_bf16(bf16(b * from_bf16(cos[i + half])) + bf16(a * from_bf16(sin[i + half])));
+    }
+}
+
+static void rotate_token_bf16(uint16_t *q, int64_t ldq, uint16_t *k, int64_t ldk, const uint16_t *cos,
+                              const uint16_t *sin, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    const uint16_t *c = cos + t * head_dim, *s = sin + t * head_dim;
+    for (int64_t h = 0; h < heads; ++h) rotate_bf16(q + t * ldq + h * head_dim, c, s, head_dim);
+    for (int64_t h = 0; h < kv_heads; ++h) rotate_bf16(k + t * ldk + h * head_dim, c, s, head_dim);
+}
+
+void rope_bf16(uint16_t *q, int64_t ldq, uint16_t *k, int64_t ldk, const uint16_t *cos, const uint16_t *sin,
+               int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    for (int64_t t = 0; t < tokens; ++t) rotate_token_bf16(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
+}
+
+/* rope_and_store into a bf16 pool. Returns as rope_and_store does. */
+int rope_and_store_bf16(uint16_t *q, int64_t ldq, uint16_t *k, int64_t ldk, const uint16_t *v, int64_t ldv,
+                        const uint16_t *cos, const uint16_t *sin, const int64_t *slots, int64_t tokens, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, uint16_t *k_cache, uint16_t *v_cache, int64_t num_slots) {
+    int failed = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+        rotate_token_bf16(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
+        const int64_t slot = slots[t];
+        if (slot < 0 || slot >= num_slots) {
+            failed = 2;
+            continue;
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            const size_t bytes = sizeof(uint16_t) * (size_t)head_dim;
+            memcpy(k_cache + (h * num_slots + slot) * head_dim, k + t * ldk + h * head_dim, bytes);
+            memcpy(v_cache + (h * num_slots + slot) * head_dim, v + t * ldv + h * head_dim, bytes);
+        }
+    }
+    return failed;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 widen8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+/* Eight floats rounded to bfloat16 as to_bf16 does, in the upper halves of the lanes (the lower halves zero). */
+static inline __m256i round8(__m256 f) {
+    const __m256i u = _mm256_castps_si256(f);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), _mm256_set1_epi32((int)0xffff0000u));
+}
+static inline void store8(uint16_t *p, __m256i upper) {
+    const __m256i low = _mm256_srli_epi32(upper, 16);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
+}
+#endif
+
+/* silu_mul where the model is bf16: gate = bf16(bf16(SiLU(gate)) * up). */
+void silu_mul_bf16(uint16_t *gate, int64_t ldg, const uint16_t *up, int64_t ldu, int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; ++r) {
+        uint16_t *g = gate + r * ldg;
+        const uint16_t *u = up + r * ldu;
+        int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= width; i += 8) {
+            const __m256 x = widen8(g + i);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            const __m256 s = _mm256_castsi256_ps(round8(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e))));
+            store8(g + i, round8(_mm256_mul_ps(s, widen8(u + i))));
+        }
+#endif
+        for (; i < width; ++i) {
+            const float x = from_bf16(g[i]);
+            g[i] = to_bf16(bf16(x / (1.0f + expf(-x))) * from_bf16(u[i]));
+        }
     }
 }
