@@ -124,6 +124,16 @@ void rope(float *q, int64_t ldq, float *k, int64_t ldk, const float *cos, const 
     for (int64_t t = 0; t < tokens; ++t) rotate_token(q, ldq, k, ldk, cos, sin, t, heads, kv_heads, head_dim);
 }
 
+/* One token's key and value rows (each kv_heads rows of `row` bytes) into pool slot `slot` of every KV head's cache
+ * ([kv_heads][num_slots][row bytes]), whatever the element type. */
+static void store_token(void *k_cache, void *v_cache, const void *k, const void *v, int64_t kv_heads, int64_t num_slots,
+                        int64_t slot, size_t row) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+        memcpy((char *)k_cache + (size_t)(h * num_slots + slot) * row, (const char *)k + (size_t)h * row, row);
+        memcpy((char *)v_cache + (size_t)(h * num_slots + slot) * row, (const char *)v + (size_t)h * row, row);
+    }
+}
+
 /* Each token rotated (rotate_token); its keys and values (v, ldv) then written to pool slot slots[t] of every KV
  * head's cache ([kv_heads][num_slots][head_dim]). 0 on success; 2 where a slot lies outside the pool (nothing of
  * that token is written). */
@@ -138,11 +148,7 @@ int rope_and_store(float *q, int64_t ldq, float *k, int64_t ldk, const float *v,
             failed = 2;
             continue;
         }
-        for (int64_t h = 0; h < kv_heads; ++h) {
-            const size_t bytes = sizeof(float) * (size_t)head_dim;
-            memcpy(k_cache + (h * num_slots + slot) * head_dim, k + t * ldk + h * head_dim, bytes);
-            memcpy(v_cache + (h * num_slots + slot) * head_dim, v + t * ldv + h * head_dim, bytes);
-        }
+        store_token(k_cache, v_cache, k + t * ldk, v + t * ldv, kv_heads, num_slots, slot, head_dim * sizeof(float));
     }
     return failed;
 }
@@ -310,11 +316,7 @@ int rope_and_store_bf16(uint16_t *q, int64_t ldq, uint16_t *k, int64_t ldk, cons
             failed = 2;
             continue;
         }
-        for (int64_t h = 0; h < kv_heads; ++h) {
-            const size_t bytes = sizeof(uint16_t) * (size_t)head_dim;
-            memcpy(k_cache + (h * num_slots + slot) * head_dim, k + t * ldk + h * head_dim, bytes);
-            memcpy(v_cache + (h * num_slots + slot) * head_dim, v + t * ldv + h * head_dim, bytes);
-        }
+        store_token(k_cache, v_cache, k + t * ldk, v + t * ldv, kv_heads, num_slots, slot, head_dim * sizeof(uint16_t));
     }
     return failed;
 }
