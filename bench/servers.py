@@ -141,11 +141,15 @@ def create_keys(data_dir: Path, names: list[str], *flags: str) -> dict[str, str]
 
 
 def converted_model(data_dir: Path) -> Path:
-    """The appliance's safetensors copy of the bundled model: an HF directory vLLM and aiperf's tokenizer read."""
-    found = sorted((data_dir / "models").glob("SmolLM2-135M-Instruct*/config.json"))
-    if not found:
-        raise RuntimeError(f"no converted model under {data_dir / 'models'}: run at least one appliance variant")
-    return found[0].parent
+    """The bundled model as a safetensors directory (an HF directory vLLM and aiperf's tokenizer read), converted
+    once under data_dir/models: the appliance itself streams the GGUF and writes no such copy."""
+    from engine.model.gguf_source import converted_gguf
+    from engine.model.sources import default_model_path
+
+    def report(line: str) -> None:
+        print(f"  {line}", file=sys.stderr)
+
+    return converted_gguf(default_model_path(), data_dir / "models", report)
 
 
 def variant_dir(data_dir: Path, index: int) -> Path:

@@ -125,6 +125,21 @@ def test_metrics_on_the_real_engine(server: Server) -> None:
     assert "vllm:generation_tokens_total" in text and "appliance_kv_pool_bytes" in text
 
 
+def test_head_through_the_real_server_answers_headers_only_and_logs_no_error(server: Server) -> None:
+    """Over uvicorn, a HEAD's answer has its GET's status and headers and no body, whatever the status: the access
+    log routed HEAD as GET by changing the server's own scope, and uvicorn then logged every HEAD as an exception."""
+    start = server.log_path.stat().st_size
+    with httpx.Client(base_url=server.url, timeout=10) as http:  # one connection: its requests run in turn
+        for path, status in [("/health", 200), ("/metrics", 401), ("/v1/models", 401), ("/no-such-route", 404)]:
+            response = http.head(path)
+            assert response.status_code == status, path
+            assert response.content == b"" and int(response.headers["content-length"]) > 0, path
+        assert http.get("/health").status_code == 200  # served after the HEADs were done with, their errors logged
+    with server.log_path.open("rb") as log:
+        log.seek(start)
+        assert b"Exception in ASGI application" not in log.read()
+
+
 def test_engine_process_death_then_recovery(server: Server, api_key: str, uncapped_key: str) -> None:
     children = psutil.Process(server.process.pid).children()
     engine = next(p for p in children if "engine.process:run_engine_process" in p.cmdline())

@@ -36,8 +36,11 @@ class AccessLog:
 
     async def _serve(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         head = scope["method"] == "HEAD"
-        if head:  # routed as the GET it asks about; the body is dropped below
-            scope["method"] = "GET"
+        # A HEAD is routed as the GET it asks about (its body dropped below), in a copy of the scope: the server
+        # reads its own scope's method to know that no body follows the headers, and took a changed one for a GET
+        # whose body was cut short ("Response content shorter than Content-Length", logged on every HEAD).
+        scope.setdefault("state", {})  # one state for both: what the app leaves in it is logged below
+        routed = cast(HTTPScope, {**scope, "method": "GET"}) if head else scope
         start = time.monotonic()
         status, error_body = 0, bytearray()
 
@@ -53,10 +56,8 @@ class AccessLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(routed, receive, sending)
         finally:
-            if head:
-                scope["method"] = "HEAD"
             self._record(scope, status, bytes(error_body), time.monotonic() - start)
 
     def _record(self, scope: HTTPScope, status: int, error_body: bytes, seconds: float) -> None:
