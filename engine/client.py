@@ -8,6 +8,7 @@ stays bounded. A dead engine process surfaces as EngineDeadError on every reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -172,6 +173,8 @@ class AsyncEngineClient:
         self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._read, args=(from_core_r, generation), daemon=True).start()
         threading.Thread(target=self._write, args=(to_core_w, self._outbox), daemon=True).start()
+        if self.tokenizer is None:  # transformers' import (~2 s) here while the engine loads, not after it
+            threading.Thread(target=_import_tokenizers, name="tokenizer-import", daemon=True).start()
         try:
             info = await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
         except TimeoutError:
@@ -375,6 +378,12 @@ def _rejection(msg: Rejected) -> EngineError:
     if msg.kind == "context_length":
         return ContextLengthError(msg.message, msg.param)
     return InvalidRequestError(msg.message, msg.param)
+
+
+def _import_tokenizers() -> None:
+    """What _load_tokenizer imports, ahead of it; a failure is left for it to raise."""
+    with contextlib.suppress(Exception):
+        from transformers import AutoTokenizer  # noqa: F401
 
 
 def _load_tokenizer(path: str) -> Any:
