@@ -20,6 +20,7 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
+from engine.hf import load_tokenizer, transformers_class
 from engine.messages import (
     EngineState,
     EngineStats,
@@ -83,5 +84,7 @@ __all__ = [
     "Timings",
     "Usage",
     "check_prompt",
+    "load_tokenizer",
+    "transformers_class",
     "validate_guided",
 ]

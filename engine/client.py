@@ -29,6 +29,7 @@ from engine.errors import (
     ModelLoadError,
     QueueFullError,
 )
+from engine.hf import load_tokenizer, transformers_class
 from engine.messages import (
     AbortRequests,
     AddRequest,
@@ -182,7 +183,7 @@ class AsyncEngineClient:
             self.state = EngineState.DOWN
             raise ModelLoadError(f"the engine did not become ready within {self.start_timeout:.0f} s") from None
         if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != info.tokenizer_dir:
-            self.tokenizer = await asyncio.to_thread(_load_tokenizer, info.tokenizer_dir)
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, info.tokenizer_dir)
         self.model_info = info
         self.state = EngineState.READY
         return info
@@ -381,12 +382,6 @@ def _rejection(msg: Rejected) -> EngineError:
 
 
 def _import_tokenizers() -> None:
-    """What _load_tokenizer imports, ahead of it; a failure is left for it to raise."""
+    """What load_tokenizer imports, ahead of it; a failure is left for it to raise."""
     with contextlib.suppress(Exception):
-        from transformers import AutoTokenizer  # noqa: F401
-
-
-def _load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+        transformers_class("AutoTokenizer")

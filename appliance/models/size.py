@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from appliance.models.gguf_header import GGUFHeaderError, read_header
 from appliance.settings import Settings
+from engine import transformers_class
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags
 from engine.model.sources import RANDOM_PREFIX, default_model_path
 from web.system.models import Fit
@@ -87,12 +88,10 @@ def model_shape(model: str) -> Shape:
 
 def hf_directory_shape(path: Path) -> Shape:
     """Raises ValueError when config.json is missing or names no causal LM transformers knows."""
-    from transformers import AutoConfig
-
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} holds no config.json: not a Hugging Face model directory")
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = transformers_class("AutoConfig").from_pretrained(path)
     except (ValueError, OSError, KeyError) as exc:  # bad JSON, no model_type, an unknown one
         raise ValueError(f"{path / 'config.json'}: {exc}") from None
     return _from_config(config)
@@ -110,11 +109,10 @@ class _PresetVocabulary:
 def _from_config(config: PreTrainedConfig) -> Shape:
     import torch
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
 
     try:
         with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config)
+            model = transformers_class("AutoModelForCausalLM").from_config(config)
     except ValueError as exc:  # not a causal LM ("Unrecognized configuration class")
         raise ValueError(f"{config.model_type!r} is not a causal LM transformers can build: {exc}") from None
     head = model.get_output_embeddings()

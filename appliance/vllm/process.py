@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.settings import Settings
+from engine import hf
 
 log = logging.getLogger("appliance.vllm")
 
@@ -109,9 +110,7 @@ def free_port() -> int:
 
 
 def load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+    return hf.load_tokenizer(path)
 
 
 def eos_token_ids(model: Path, tokenizer: Any) -> list[int]:

@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from engine import load_tokenizer
+
 log = logging.getLogger("web.backends")
 
 # What a fast tokenizer and its chat template are made of; nothing else of the model directory leaves the box.
@@ -44,9 +46,7 @@ class FetchedTokenizers:
             for name, text in files.items():
                 (Path(tmp) / name).write_text(text, encoding="utf-8")
             try:
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True, trust_remote_code=False)
+                tokenizer = load_tokenizer(tmp, local_files_only=True, trust_remote_code=False)
             except Exception as exc:  # a broken file from a remote server: that model stays unservable, said once
                 log.error("backend %s: the tokenizer it published for %s does not load: %s", backend, model, exc)
                 return None

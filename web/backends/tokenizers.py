@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine import load_tokenizer
 from web.generation.backend import EngineClient
 
 log = logging.getLogger("web.backends")
@@ -39,9 +40,7 @@ class Tokenizers:
             if directory in self._loaded or directory in self._failed:
                 return self._loaded.get(directory)
             try:
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(str(Path(directory)), local_files_only=True)
+                tokenizer = load_tokenizer(Path(directory), local_files_only=True)
             except Exception as exc:  # a missing or broken directory: the model stays unservable, said once
                 log.error("the tokenizer in %s could not be loaded: %s", directory, exc)
                 self._failed.add(directory)
