@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.web.conftest import ADMIN, MODEL, InLoop, client_for, sign_in
+from tests.web.conftest import ADMIN, MODEL, InLoop, client_for, sign_in, web_config
 from tests.web.fakes import FakeEngineClient
+from web.app import build_gateway
 from web.backends.spec import parse_backends
 from web.backends.status import BackendStatus
 from web.console.backend_diagnosis import diagnose_backends
@@ -130,3 +131,18 @@ def test_the_diagnosis_reads_each_backend_for_the_verdict() -> None:
     assert one_full.verdict == "memory" and "Backend 10.0.0.5:8000 is saturated: 4 request(s)" in one_full.headline
     idle = diagnose_backends([replace(REMOTE, waiting=0), other], "RAM")
     assert idle.verdict == "healthy" and idle.headline.startswith("Healthy: 2 backend(s) up")
+
+
+async def test_while_the_engine_loads_beside_remote_backends_the_model_name_is_none_not_a_recursion(
+    fake: FakeEngineClient, db_path: Path
+) -> None:
+    """The gate's name, with no local model yet, is the remote backends' first; the embedded backend asked the gate
+    for its name before checking that it had a model, and so each other in turn until a RecursionError, at every
+    probe while the engine loaded (seen in the managed-vLLM gateway's log)."""
+    gateway = build_gateway(web_config(db_path, backends=parse_backends("embedded,http://127.0.0.1:9")), fake)
+    try:
+        assert fake.model_info is None  # not started: loading, as far as the gateway knows
+        assert gateway.gate.model_name is None and gateway.router.model_names() == []
+    finally:
+        await gateway.router.aclose()
+        await gateway.db.dispose()

@@ -30,8 +30,13 @@ class EmbeddedBackend:
         return self._model_name()
 
     def models(self) -> dict[str, Served]:
-        info, name = self.client.model_info, self._model_name()
-        if info is None or name is None or self.client.state != EngineState.READY:
+        info = self.client.model_info
+        if info is None or self.client.state != EngineState.READY:
+            return {}
+        # Only now: with no model yet, the gate's name is the remote backends' first, which asks this backend
+        # again (a RecursionError on every probe while the engine loaded beside remote backends).
+        name = self._model_name()
+        if name is None:
             return {}
         return {name: Served(name, info.name, info, self.client.tokenizer)}
 
