@@ -1,8 +1,9 @@
-"""transformers' classes for a server process that reaches them from several threads.
+"""transformers' classes for a process that reaches them from several threads (the web process): each first
+import under one lock, as two at once can find a module half initialised.
 
-transformers' first import of a class is not safe in two threads at once: its modules import each other in a
-cycle, Python's import locks then hand one thread a module still being initialised, and it fails with "cannot
-import name 'AutoTokenizer' from 'transformers'". The web process imports them from the engine client's start, the
+transformers' modules import each other in a cycle: two threads importing at once, Python's import locks hand one
+of them a module still being initialised, and it fails with "cannot import name 'AutoTokenizer' from
+'transformers'". The web process imports them from the engine client's start, the
 remote backends' probes, the managed vLLM's start and the console's model catalogue, each off the event loop in a
 thread of its own; every one goes through here, one import at a time.
 """
