@@ -34,6 +34,7 @@ from engine import (
     QueuePosition,
     SamplingParams,
     Tenant,
+    load_tokenizer,
 )
 from web.backends.upstream import Upstream
 from web.backends.upstream_stream import UpstreamStream
@@ -116,7 +117,7 @@ class VllmEngineClient:
         max_model_len = await self._until_ready(process, upstream, served)
         self._scrape = await scrape(self._http, upstream.base_url)
         if self.tokenizer is None or self.model_info is None or self.model_info.tokenizer_dir != str(model):
-            self.tokenizer = await asyncio.to_thread(vllm_process.load_tokenizer, model)
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, model)
         num_blocks, block_size, pool = self._scrape.blocks if self._scrape is not None else (0, 0, 0)
         if not num_blocks:  # a vLLM without vllm:cache_config_info: the context is the bound the gateway checks
             block_size = block_size or 16

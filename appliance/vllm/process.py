@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from appliance.settings import Settings
-from engine import hf
 
 log = logging.getLogger("appliance.vllm")
 
@@ -107,10 +106,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def load_tokenizer(path: Path) -> Any:
-    return hf.load_tokenizer(path)
 
 
 def eos_token_ids(model: Path, tokenizer: Any) -> list[int]:
