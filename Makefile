@@ -1,6 +1,11 @@
 # Fresh machine: `make run` sets up and serves the appliance with the bundled model; `make test` sets up and
 # runs the whole suite (lint, format, import contracts, types, tests, browser and install tests).
-PYTHON ?= python3
+# The venv's interpreter: the distribution's CPython where it has one that makes venvs (Debian's is built with PGO
+# and LTO; pyenv's default build has neither, and its python3 comes first on PATH here). Measured on the 2-core box,
+# same CPython 3.11, same packages: building the gateway's app 0.092 s against 0.129 s (best of 15), three
+# in-process gateway test modules 41-53 s against 60-67 s. Else python3; `make PYTHON=...` chooses another.
+PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+	&& echo /usr/bin/python3 || echo python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

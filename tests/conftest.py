@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["LLM_AP
 os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(os.environ["LLM_APPLIANCE_TEST_CACHE"], "vllm"))
 
 import web.app  # noqa: F401  (every module that hashes passwords, imported before the cache patches them)
+from web.db import create_db_engine, sqlite_url, upgrade_schema
 from web.people import passwords  # after the environment above
 
 if TYPE_CHECKING:
@@ -130,6 +133,35 @@ def cheap_new_passwords(
     for module, name, real, _ in _scrypt_once_per_password:
         if name == "hash_password":
             monkeypatch.setattr(module, name, real)
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the schema's head, migrated once per run (per xdist worker): Alembic over every revision
+    costs ~0.12 s, and hundreds of tests (web's, security's fuzzer) each start an app on a database of their own."""
+    path = tmp_path_factory.mktemp("migrated") / "appliance.db"
+
+    async def migrate() -> None:
+        engine = create_db_engine(sqlite_url(path))
+        try:
+            await upgrade_schema(engine)
+        finally:
+            await engine.dispose()  # the last connection checkpoints the WAL: the file alone holds the schema
+
+    asyncio.run(migrate())
+    return path
+
+
+def fresh_database(path: Path, migrated: Path) -> Path:
+    """`path` as a copy of the migrated file: the app's start-up still runs `upgrade head` (then a no-op) on it."""
+    shutil.copyfile(migrated, path)
+    return path
+
+
+@pytest.fixture
+def db_path(tmp_path: Path, migrated_db: Path) -> Path:
+    """A database of this test's own, at the schema's head."""
+    return fresh_database(tmp_path / "appliance.db", migrated_db)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import re
-import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,7 +23,6 @@ from tests.postgres.server import database_url_for
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, app_of, build_gateway, create_app
 from web.config import WebConfig
-from web.db import create_db_engine, sqlite_url, upgrade_schema
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 METRICS_TOKEN = "metrics-token-for-tests"
@@ -43,34 +41,6 @@ def web_config(db_path: Path, **overrides: Any) -> WebConfig:
     }
     values.update(overrides)
     return WebConfig(**values)
-
-
-@pytest.fixture(scope="session")
-def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite file at the schema's head, migrated once per run (per xdist worker): Alembic over every revision
-    costs ~0.1 s, and hundreds of tests each start an app on a database of their own."""
-    path = tmp_path_factory.mktemp("migrated") / "appliance.db"
-
-    async def migrate() -> None:
-        engine = create_db_engine(sqlite_url(path))
-        try:
-            await upgrade_schema(engine)
-        finally:
-            await engine.dispose()  # the last connection checkpoints the WAL: the file alone holds the schema
-
-    asyncio.run(migrate())
-    return path
-
-
-def fresh_database(path: Path, migrated: Path) -> Path:
-    """`path` as a copy of the migrated file: the app's start-up still runs `upgrade head` (then a no-op) on it."""
-    shutil.copyfile(migrated, path)
-    return path
-
-
-@pytest.fixture
-def db_path(tmp_path: Path, migrated_db: Path) -> Path:
-    return fresh_database(tmp_path / "appliance.db", migrated_db)
 
 
 @pytest.fixture
