@@ -69,28 +69,40 @@ typecheck: setup
 #   niced, then tests/engine (torch on the bundled and tiny models: no server);
 # - the first: everything else, whose real servers, vLLM, browsers and installs are mostly one core's work: with it
 #   alone after the in-process suites ended, the 2-core box stood at 53% busy for 18 minutes (sampled every 10 s).
+#   vLLM's venv (a minute and a half of pip) is made meanwhile; the tests that need it (`-m vllm`) run last.
 # The second lane prints its reports after the first's; either failing fails the target. (pytest-xdist, -n 2
 # --dist loadgroup, was tried before: each worker started a vLLM server of its own, and it had not paid; -n 3 split
 # the install module over three workers, each installing. Three lanes, the real-server tests split in two beside the
 # CPU-bound lane, took 1,236 s against these two lanes' 1,131 s: the suite is CPU-bound, and the niced lane starved.)
 SECOND_LOG := artifacts/pytest-second-lane.log
+VLLM_LOG := artifacts/vllm-env.log
 BESIDE_DIRS := tests/security tests/web  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
 SECOND_DIRS := tests/engine
-pytest: sysdeps-test setup vllm-env
+VLLM_DIRS := tests/peers tests/backends  # VLLM_FOLDERS in tests/conftest.py
+FIRST := $(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(SECOND_DIRS))
+pytest: sysdeps-test setup
 	@mkdir -p artifacts
+	$(MAKE) vllm-env > $(VLLM_LOG) 2>&1 & venv=$$!; \
 	{ nice -n 5 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m beside $(BESIDE_DIRS); beside=$$?; \
 	  $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SECOND_DIRS); exit $$(( beside || $$? )); \
 	} > $(SECOND_LOG) 2>&1 & second=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 -m "not beside" $(addprefix --ignore=,$(SECOND_DIRS)); rest=$$?; \
+	$(FIRST) --durations=30 -m "not beside and not vllm"; rest=$$?; \
+	if wait $$venv; then $(FIRST) --durations=10 -m "vllm and not beside" $(VLLM_DIRS); peers=$$?; \
+	else cat $(VLLM_LOG); peers=1; fi; \
 	wait $$second; secondrc=$$?; \
 	echo "--- the second lane (pytest -m beside $(BESIDE_DIRS), then pytest $(SECOND_DIRS)):"; cat $(SECOND_LOG); \
-	exit $$(( rest || secondrc ))
+	exit $$(( rest || peers || secondrc ))
 
-# The steps before the suite that do not need each other run together (each is one core's work, mostly pip's):
-# vLLM's venv beside the appliance's, then lint beside mypy; each step's output is printed whole when it ends.
-test: sysdeps-test
-	$(MAKE) -j3 --output-sync=target lint typecheck vllm-env
-	$(MAKE) pytest
+# Lint and mypy (one core for about 45 s) run beside the suite, their output printed whole at the end: waiting
+# for them before it left a core idle.
+CHECKS_LOG := artifacts/checks.log
+test: sysdeps-test setup
+	@mkdir -p artifacts
+	$(MAKE) lint typecheck > $(CHECKS_LOG) 2>&1 & checks=$$!; \
+	$(MAKE) pytest; tests=$$?; \
+	wait $$checks; checked=$$?; \
+	echo "--- lint, format, import contracts and types:"; cat $(CHECKS_LOG); \
+	exit $$(( tests || checked ))
 
 bench: setup
 	$(PY) -m bench.engine

@@ -48,6 +48,9 @@ REAL_SERVERS = frozenset({"server", "keeping_server", "served", "fleet"}) | VLLM
 # and PostgreSQL's folders their package's or session's server: each is started once, on one worker.
 SHARED_GROUPS = {"peers": "vllm", "browser": "browser", "postgres": "postgres"}
 VLLM_GROUP = "vllm"
+# Where the tests that need vLLM live (the Makefile's VLLM_DIRS collects only these for them: the whole tree takes
+# ~15 s to collect).
+VLLM_FOLDERS = frozenset({"peers", "backends"})
 # In-process suites (the app on the fake engine behind Litestar's test client; no server, no subprocess): pure
 # Python on one core, so `make test` runs them in its second lane (`-m beside`, then tests/engine) beside the rest,
 # whose real servers, browsers and installs are mostly one core's work (the Makefile says how it was measured).
@@ -65,6 +68,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.beside)
         group = VLLM_GROUP if VLLM_FIXTURES & fixtures else SHARED_GROUPS.get(folder, str(item.path.relative_to(TESTS)))
         item.add_marker(pytest.mark.xdist_group(group))
+        if group == VLLM_GROUP:  # needs vLLM's venv: `make test` runs these once `make vllm-env` has made it
+            if folder not in VLLM_FOLDERS:
+                raise pytest.UsageError(f"{item.nodeid} needs vLLM: add its folder to VLLM_FOLDERS and the Makefile")
+            item.add_marker(pytest.mark.vllm)
     # vLLM's group first: its chain (a cold compile, then two managed starts) is the longest, and the other worker
     # takes everything else meanwhile. The sort is stable: every module keeps its order.
     items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != VLLM_GROUP)  # type: ignore[union-attr]
