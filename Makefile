@@ -44,8 +44,11 @@ $(ASSETS): $(STAMP) web/static/assets.py
 VLLM_ENV := data/peers/vllm
 vllm-env: $(VLLM_ENV)/.installed
 
+# Under a lock: `make test` starts making it before the rest of the set-up, and `make pytest` asks for it again (it
+# waits, then finds it made).
 $(VLLM_ENV)/.installed: appliance/vllm/env.sh
-	appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
+	@mkdir -p $(dir $(VLLM_ENV))
+	flock $(VLLM_ENV).lock appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
@@ -82,7 +85,7 @@ VLLM_DIRS := tests/peers tests/backends  # VLLM_FOLDERS in tests/conftest.py
 FIRST := $(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(SECOND_DIRS))
 pytest: sysdeps-test setup
 	@mkdir -p artifacts
-	$(MAKE) vllm-env > $(VLLM_LOG) 2>&1 & venv=$$!; \
+	$(MAKE) vllm-env >> $(VLLM_LOG) 2>&1 & venv=$$!; \
 	{ nice -n 5 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m beside $(BESIDE_DIRS); beside=$$?; \
 	  $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(SECOND_DIRS); exit $$(( beside || $$? )); \
 	} > $(SECOND_LOG) 2>&1 & second=$$!; \
@@ -93,14 +96,17 @@ pytest: sysdeps-test setup
 	echo "--- the second lane (pytest -m beside $(BESIDE_DIRS), then pytest $(SECOND_DIRS)):"; cat $(SECOND_LOG); \
 	exit $$(( rest || peers || secondrc ))
 
-# Lint and mypy (one core for about 45 s) run beside the suite, their output printed whole at the end: waiting
-# for them before it left a core idle.
+# The set-up is mostly one core's work (pip) and the network's: vLLM's venv (made from the system's Python, not
+# from .venv) and the Debian packages are made beside it, not in the suite's time. Lint and mypy (one core for
+# about 45 s) then run beside the suite, their output printed whole at the end: waiting for them left a core idle.
 CHECKS_LOG := artifacts/checks.log
-test: sysdeps-test setup
-	@mkdir -p artifacts
+test:
+	@mkdir -p artifacts; : > $(VLLM_LOG)
+	$(MAKE) vllm-env >> $(VLLM_LOG) 2>&1 & venv=$$!; \
+	if ! { $(MAKE) -j2 sysdeps-test $(STAMP) && $(MAKE) setup; }; then wait $$venv; exit 1; fi; \
 	$(MAKE) lint typecheck > $(CHECKS_LOG) 2>&1 & checks=$$!; \
 	$(MAKE) pytest; tests=$$?; \
-	wait $$checks; checked=$$?; \
+	wait $$checks; checked=$$?; wait $$venv; \
 	echo "--- lint, format, import contracts and types:"; cat $(CHECKS_LOG); \
 	exit $$(( tests || checked ))
 
