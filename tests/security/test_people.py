@@ -6,7 +6,6 @@ and everywhere, suspension and a new password end sessions, and a person is no a
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from pathlib import Path
 
@@ -92,21 +91,23 @@ def test_the_sign_in_form_needs_its_own_token(appliance: Appliance) -> None:
 def test_unknown_names_and_wrong_passwords_answer_alike(tmp_path: Path) -> None:
     with serve(tmp_path) as served:
         served.new_person("known")
-        answers, timings = {}, {}
-        for name in ("known", "nobody-here"):
-            times = []
-            for _ in range(3):
+        answers: dict[str, str] = {}
+        times: dict[str, list[float]] = {"known": [], "nobody-here": []}
+        # Taken in turns, and each name's fastest kept: on a loaded machine (the suite's other lane) one slow answer
+        # of three made a median ratio of 2.6 once; what the attacker can measure is the cost itself.
+        for _ in range(4):
+            for name in times:
                 start = time.perf_counter()
                 response = _form_post(served, "/login", name, "wrong password!")
-                times.append(time.perf_counter() - start)
+                times[name].append(time.perf_counter() - start)
                 assert response.status_code == 401  # type: ignore[attr-defined]
                 answers[name] = re.sub(r'value="[^"]*"', "", response.text)  # type: ignore[attr-defined]
-            timings[name] = statistics.median(times)
-            served.gateway.admin.signin.by_address.succeeded("testclient")  # stay under the address limit
+                served.gateway.admin.signin.by_address.succeeded("testclient")  # stay under the address limit
         assert answers["known"].replace("known", "NAME") == answers["nobody-here"].replace("nobody-here", "NAME")
         assert "Wrong user name or password." in answers["known"]
         # Both run one scrypt (~0.3 s); an unknown name must not answer in a fraction of that.
-        assert 0.5 < timings["nobody-here"] / timings["known"] < 2.0, timings
+        fastest = {name: min(taken) for name, taken in times.items()}
+        assert 0.5 < fastest["nobody-here"] / fastest["known"] < 2.0, times
 
 
 async def test_guesses_are_limited_per_name_across_addresses_and_per_address(tmp_path: Path) -> None:
