@@ -183,7 +183,9 @@ def test_crash_recovery_and_sigterm_drain(tmp_path: Path) -> None:
     try:
         second.wait_ready()
         (row,) = second.history()
-        assert row["status"] == "interrupted", row
+        # Once seen in CI as "cancelled" (not reproduced in 35 runs under CPU and IO load): the whole row and the
+        # killed server's log say which path closed it, should it happen again.
+        assert row["status"] == "interrupted", (row, first.log()[-4000:])
         quota = httpx.get(second.url + "/admin/api/keys/1", headers=ADMIN).json()["usage"]
         assert quota["reserved_tokens"] == 0
         body["max_tokens"] = 300  # long enough to be in flight while the test looks at the draining server
