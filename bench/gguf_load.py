@@ -22,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
+
+from engine.model.gguf_load import Reader
 
 Q = GGMLQuantizationType
 # hidden, ffn, layers, heads, kv heads: Llama 3.2 1B and 3B, Llama 3.1 8B.
@@ -44,14 +46,14 @@ def bundled_gguf() -> Path:
 def write_tokenizer_gguf(path: Path) -> None:
     """A GGUF holding only the bundled model's tokenizer fields (2 MB): what BENCH_TOKENIZER_GGUF takes."""
     writer = GGUFWriter(path, "llama")
-    _copy_tokenizer(GGUFReader(bundled_gguf()), writer)
+    _copy_tokenizer(Reader(bundled_gguf()), writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
-def _copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> None:
+def _copy_tokenizer(source: Reader, writer: GGUFWriter) -> None:
     for key, field in source.fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
@@ -76,7 +78,7 @@ def random_blocks(rows: int, columns: int, kind: GGMLQuantizationType, rng: np.r
 def write_random_llama(path: Path, shape: tuple[int, int, int, int, int], types: Types, seed: int = 0) -> None:
     """A Llama GGUF of `shape` (SHAPES) with random blocks of types(name) and the bundled model's tokenizer."""
     hidden, ffn, layers, heads, kv_heads = shape
-    source = GGUFReader(bundled_gguf())
+    source = Reader(bundled_gguf())
     writer = GGUFWriter(path, "llama")
     _copy_tokenizer(source, writer)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)

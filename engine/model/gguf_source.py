@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 from engine.errors import ModelLoadError
-from engine.model.gguf_load import GGUFStreamUnsupported, load_gguf
+from engine.model.gguf_load import GGUFStreamUnsupported, load_gguf, quick_gguf_reads
 from engine.model.load_progress import Progress, bars_as_lines, heartbeat, step
 from engine.model.model_cache import gguf_cache_dir, is_complete, staging_dir
 from engine.model.sources import default_model_path
@@ -53,6 +53,7 @@ def streamed_gguf(
     folder vLLM and the benchmarks do not take for a converted model) and the packed forms its linear layers took;
     None where the file needs the whole conversion (converted_gguf). compact: the CPU plan packs linear layers."""
     config_dir = gguf_cache_dir(gguf, cache_root / "gguf-config")
+    quick_gguf_reads()
     if not is_complete(config_dir):
         report(f"reading the config and tokenizer from the GGUF (once, into {config_dir}) …")
         with (
@@ -85,6 +86,7 @@ def converted_gguf(gguf: Path, cache_root: Path, report: Progress) -> Path:
     if is_complete(target):
         return target
     report(f"converting GGUF to safetensors (once, into {target}) …")
+    quick_gguf_reads()
     with step(f"converting {gguf} to safetensors"), staging_dir(target) as staging, bars_as_lines(report):
         # Parsing the GGUF's metadata (its vocabulary) alone takes seconds, and both steps do it: hence heartbeats.
         with heartbeat(report, "converting the weights from the GGUF"):

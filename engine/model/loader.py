@@ -23,6 +23,7 @@ from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
 from engine.cpu.prepack import onednn_bf16, prepack_linears
 from engine.errors import ModelLoadError
 from engine.model.bnb import LayerQuantizer, bnb_config
+from engine.model.gguf_load import quick_gguf_reads
 from engine.model.gguf_source import converted_gguf, gguf_name, gguf_path, streamed_gguf
 from engine.model.load_progress import Progress, bars_as_lines, step
 from engine.model.model_cache import gguf_cache_dir, is_complete, staging_dir
@@ -284,6 +285,7 @@ def _default_tokenizer(cache_root: Path) -> PreTrainedTokenizerBase:
     if is_complete(converted):
         return AutoTokenizer.from_pretrained(converted)
     # Reading just the tokenizer from the GGUF takes ~3 s; a full conversion would take ~15 s.
+    quick_gguf_reads()
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 

@@ -157,3 +157,28 @@ def test_bitsandbytes_quantizes_a_streamed_gguf_to_the_bytes_from_pretrained_giv
     kind = "Linear4bit" if quantization == "nf4" else "Linear8bitLt"
     layers = [type(m).__name__ for m in streamed.model.modules()]
     assert layers.count(kind) == 14  # 7 linear layers in each of 2 blocks; the tied head stays 16-bit
+
+
+def test_the_reader_parses_what_ggufs_own_reader_does() -> None:
+    """engine/model/gguf_load.py's Reader (the header parsed from a plain view of the mapped file): every field's
+    parts and every tensor's name, type, shape and bytes as gguf's GGUFReader gives them."""
+    from gguf import GGUFReader
+
+    from engine.model.gguf_load import Reader
+
+    try:
+        path = bundled_gguf()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    ours, theirs = Reader(path), GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data), name
+        assert all(a.dtype == b.dtype and (a == b).all() for a, b in zip(mine.parts, field.parts, strict=True)), name
+    assert ours.data_offset == theirs.data_offset
+    for mine, tensor in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (mine.name, mine.tensor_type, list(mine.shape), mine.data_offset) == (
+            tensor.name, tensor.tensor_type, list(tensor.shape), tensor.data_offset,
+        )  # fmt: skip
+        assert (mine.data == tensor.data).all(), mine.name
