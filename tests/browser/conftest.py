@@ -134,6 +134,9 @@ def browser() -> Iterator[Browser]:
     sync_api = pytest.importorskip("playwright.sync_api")
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    # expect()'s own default is 5 s, the actions' (new_context) 15 s: a reply from the appliance on the 2-core box,
+    # with the other lane loading it, once took longer than 5 s to show (the quota refusal in test_people.py).
+    sync_api.expect.set_options(timeout=15_000)
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield launched
