@@ -16,6 +16,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
+from engine.cpu.imports import leave_gpu_compilers_out
+
 
 class Worker:
     """A started worker process: what its client needs of it (the subset of multiprocessing.Process it used)."""
@@ -71,6 +73,8 @@ def main(argv: list[str]) -> None:
     except EOFError:
         return  # the client went away before it sent the config
     module, _, function = entry.partition(":")
+    if isinstance(device := getattr(config, "device", None), str):  # the chat engine's (the embedder: CPU only)
+        leave_gpu_compilers_out(device)
     getattr(importlib.import_module(module), function)(config, inbox, outbox)
 
 
