@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -62,7 +63,7 @@ class DrainingServer(uvicorn.Server):
                 await embedding.shutdown()
 
     async def _supervise(self) -> None:
-        if not await self.supervisor.run(lambda: self.started):
+        if not await self.supervisor.run(lambda: self.started, on_ready=settle_heap):
             log.error("the engine failed to start; exiting so that systemd can restart the service")
             self.failed = True
             self.should_exit = True
@@ -87,6 +88,13 @@ class DrainingServer(uvicorn.Server):
             await self.gateway.inflight.drain(self.gateway.config.drain_timeout)
         finally:
             self.should_exit = True
+
+
+def settle_heap() -> None:
+    """Once serving: start-up's garbage collected and the rest (imports, the app, the tokenizer) frozen, so that a
+    full collection while serving walks only what serving made (each walked the whole heap: 0.1-0.3 s here)."""
+    gc.collect()
+    gc.freeze()
 
 
 def configure_logging(level: str) -> None:
@@ -123,6 +131,9 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.keep_alive_timeout,
         log_config=None,
     )
+    # The imports and the app live as long as the process: frozen, the tokenizer's load and the engine's start
+    # beside it run no full collection over them (seven of them, 1.1 s, in a start before this).
+    gc.freeze()
     notifier = Notifier.from_environment()
     address = f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"
     supervisor = Supervisor(gateway.gate, client, notifier, watchdog_interval(), address)

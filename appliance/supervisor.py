@@ -43,9 +43,10 @@ class Supervisor:
         self.address = address
         self._status = ""
 
-    async def run(self, listening: Callable[[], bool]) -> bool:
-        """Until cancelled. Returns False early when the engine failed to start under systemd: a service stuck
-        in "activating" until TimeoutStartSec helps nobody, while an exit lets Restart= and the journal speak."""
+    async def run(self, listening: Callable[[], bool], on_ready: Callable[[], None] = lambda: None) -> bool:
+        """Until cancelled; on_ready runs once, when READY=1 is sent. Returns False early when the engine failed
+        to start under systemd: a service stuck in "activating" until TimeoutStartSec helps nobody, while an exit
+        lets Restart= and the journal speak."""
         while True:
             ready, why = self.gate.readiness()
             if ready and listening():
@@ -58,6 +59,7 @@ class Supervisor:
         self._status = f"serving {self.gate.model_name} on {self.address}"
         self.notifier.send("READY=1", f"STATUS={self._status}")
         log.info("ready: %s", self._status)
+        on_ready()
         tick = min(RUNNING_TICK_S, self.watchdog_s or RUNNING_TICK_S)
         last_ping = 0.0
         while True:

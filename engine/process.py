@@ -6,6 +6,7 @@ The HTTP server never shares a GIL with the model, and a crash here cannot take 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -68,6 +69,11 @@ def run_engine_process(config: EngineConfig, inbox: Connection, outbox: Connecti
         log.exception("engine failed to start")
         send(StartFailed(f"{type(exc).__name__}: {exc}"))
         return
+    # The model, its tokenizer and the KV pool's block table live as long as the process too: the load's garbage
+    # collected, the rest frozen (engine.worker froze the imports), so a collection while serving walks only
+    # what serving made.
+    gc.collect()
+    gc.freeze()
     send(Ready(core.model_info()))
     log.info("engine ready: %s", describe(core.model_info()))
     last_stats = 0.0
