@@ -17,8 +17,6 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from engine.cpu.imports import leave_gpu_compilers_out
-
 
 class Worker:
     """A started worker process: what its client needs of it (the subset of multiprocessing.Process it used)."""
@@ -74,8 +72,6 @@ def main(argv: list[str]) -> None:
     except EOFError:
         return  # the client went away before it sent the config
     module, _, function = entry.partition(":")
-    if isinstance(device := getattr(config, "device", None), str):  # the chat engine's (the embedder: CPU only)
-        leave_gpu_compilers_out(device)
     entry_point = getattr(importlib.import_module(module), function)
     # What the imports made (torch, transformers: most of the process's objects) lives as long as the process:
     # frozen, no full collection walks it again. Unfrozen, the load ran a dozen such collections (0.2 s each, 1.7 s
