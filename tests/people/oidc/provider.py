@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
+import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ from tests.npm import npm_installed
 HERE = Path(__file__).resolve().parent
 CLIENT_ID = "appliance"
 CLIENT_SECRET = "client-secret-for-tests"
+STARTUP_S = 60
 
 
 @dataclass(frozen=True)
@@ -31,26 +36,68 @@ class Provider:
         self.people_file.write_text(json.dumps(people))
 
 
+def stalled_how(process: subprocess.Popen[str], work: Path) -> str:
+    """What a provider that went quiet is doing: its state and kernel wait per thread, and Node's own report (its
+    JavaScript and native stacks, asked for with SIGUSR2) when it can still give one."""
+    proc, lines = Path(f"/proc/{process.pid}"), []
+    for task in sorted(proc.glob("task/*")):
+        state = next((line for line in (task / "status").read_text().splitlines() if line.startswith("State")), "")
+        lines.append(
+            f"thread {task.name} ({(task / 'comm').read_text().strip()}): {state}, in {(task / 'wchan').read_text()}"
+        )
+    process.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while not (reports := sorted(work.glob("report.*.json"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if reports:
+        time.sleep(0.5)  # written in one go, but give it the time
+        report = json.loads(reports[0].read_text())
+        lines += ["JavaScript stack:", *report["javascriptStack"].get("stack", [report["javascriptStack"]["message"]])]
+        lines += ["native stack:", *(frame.get("symbol", "?") for frame in report["nativeStack"][:20])]
+    else:
+        lines.append("no report from Node within 5 s of SIGUSR2")
+    return "\n".join(lines)
+
+
+def started(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """The provider's process and the first line it printed (its port), or "" once it has exited or stayed silent
+    for STARTUP_S."""
+    with (work / "provider.log").open("w") as stderr:
+        process = subprocess.Popen(
+            ["node", "--report-on-signal", f"--report-directory={work}", "provider.mjs"],
+            cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], STARTUP_S)
+    return process, process.stdout.readline().strip() if ready else ""
+
+
 @contextmanager
 def running_provider(work: Path, redirect_uri: str, issuer_host: str = "127.0.0.1") -> Iterator[Provider]:
     """The provider, its one client redirecting to `redirect_uri`; `issuer_host` names it (it listens on
-    127.0.0.1): localhost makes it another site than an appliance at 127.0.0.1, as a real provider is."""
+    127.0.0.1): localhost makes it another site than an appliance at 127.0.0.1, as a real provider is.
+
+    It prints its port in under a second. Once, in CI, it printed nothing for 900 s (no log was kept); a silent
+    start is now reported (what the process was doing) and tried once more, and a second one fails the test."""
     root = npm_installed(HERE, "npm-oidc-provider")
     shutil.copy(HERE / "provider.mjs", work / "provider.mjs")
     (work / "node_modules").symlink_to(root / "node_modules")  # ESM resolves packages beside the script
-    people, log = work / "people.json", work / "provider.log"
+    people = work / "people.json"
     people.write_text("{}")
     env = {**os.environ, "CLAIMS_FILE": str(people), "REDIRECT_URI": redirect_uri, "ISSUER_HOST": issuer_host}
     env |= {"CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            ["node", "provider.mjs"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
+    process, port = started(work, env)
+    if not port and process.poll() is None:
+        stalled = stalled_how(process, work)
+        process.kill()
+        process.wait()
+        warnings.warn(
+            f"the OpenID Provider printed nothing in {STARTUP_S} s; starting it again. It was:\n{stalled}", stacklevel=3
         )
+        process, port = started(work, env)
     try:
-        assert process.stdout is not None
-        port = process.stdout.readline().strip()
         if not port.isdigit():
-            pytest.fail(f"the OpenID Provider did not start: {log.read_text()}")
+            pytest.fail(f"the OpenID Provider did not start: {(work / 'provider.log').read_text()}")
         yield Provider(f"http://{issuer_host}:{port}", people)
     finally:
         process.terminate()
