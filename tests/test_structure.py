@@ -3,6 +3,7 @@ inside web/ or engine/, TYPE_CHECKING imports included, and no service locator i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grimp
@@ -69,5 +70,20 @@ def test_web_has_no_service_locator() -> None:
         str(path.relative_to(ROOT))
         for path in (ROOT / "web").rglob("*.py")
         if "services_of" in (text := path.read_text()) or "app.state." in text
+    ]
+    assert offenders == []
+
+
+HANDLER = re.compile(r"^\s*@(get|post|put|patch|delete|route|websocket)\(", re.MULTILINE)
+
+
+def test_route_handlers_carry_evaluated_annotations() -> None:
+    """Litestar reads every handler's type hints at each app build; a module under `from __future__ import
+    annotations` hands it strings, which typing compiles and evaluates again each time: a fifth of the build
+    (0.17 -> 0.13 s an app, and the suite builds ~460 in-process apps in the web and security tests alone)."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "web").rglob("*.py")
+        if HANDLER.search(text := path.read_text()) and "from __future__ import annotations" in text
     ]
     assert offenders == []

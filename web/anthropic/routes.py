@@ -2,8 +2,6 @@
 through the shared generation pipeline (web/generation/pipeline.py); only its shapes are Anthropic's (errors:
 web/anthropic/errors.py)."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any, ClassVar
 

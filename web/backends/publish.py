@@ -2,8 +2,6 @@
 (with a key) returns the files a gateway needs to serve the model without a local copy (web/backends/fetched.py
 reads them there)."""
 
-from __future__ import annotations
-
 import asyncio
 from pathlib import Path
 from typing import Annotated

@@ -1,8 +1,6 @@
 """The chat page at /: a static shell; the browser talks to /v1/chat/completions itself, with the signed-in
 person's session (and its CSRF token, which the page carries) or, signed out, with an API key the user enters."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from litestar import Request, Router, get

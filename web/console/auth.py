@@ -2,8 +2,6 @@
 page also uses; the login form carries its own double-submit token; failed sign-ins are limited per address and per
 name (web/people/signin.py)."""
 
-from __future__ import annotations
-
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any

@@ -1,8 +1,6 @@
 """/admin/api/backends: the router's snapshot of each backend (the embedded engine, remote servers on the LAN), as
 the dashboard's Backends panel shows it, in JSON for the admin's scripts."""
 
-from __future__ import annotations
-
 from litestar import Router, get
 from litestar.types import Guard
 

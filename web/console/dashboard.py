@@ -2,8 +2,6 @@
 the charts over the last hour or day, and the diagnosis (per backend where some are remote); each live piece is a
 partial htmx polls and swaps by its element id."""
 
-from __future__ import annotations
-
 import time
 from typing import Any
 

@@ -2,8 +2,6 @@
 detail, and the same filtered rows as CSV; each row names who sent it (the person, or the key). Queries go through
 HistoryService."""
 
-from __future__ import annotations
-
 import csv
 import io
 from collections.abc import AsyncIterator

@@ -1,8 +1,6 @@
 """The console's API keys page: create (the key is shown once, with a copy button), edit limits, revoke, and
 each key's usage against its quota. Every change goes through KeyService."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 from litestar import Response, get, post

@@ -1,8 +1,6 @@
 """The console's models page: the local models with their size and fit on this machine, the served one marked,
 and "Serve this model" (a fit check, a drain, an engine restart: web.system.models.ModelSwitch)."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 from litestar import Response, get, post

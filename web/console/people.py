@@ -3,8 +3,6 @@
 quota this period and in all, with a link to their history. Every change goes through web/people; each answers htmx
 with the person's row (and the reason, where one was refused: the last active admin stays one)."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any

@@ -1,8 +1,6 @@
 """The console's Plans page: each plan's limits and models, made and changed with the key form's fields (the same
 limits a key carries) plus the models it allows."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 from litestar import Response, get, post

@@ -1,8 +1,6 @@
 """Admin JSON API for the request history: filtered (key, person, status, backend, time), paginated list and one
 request's detail, each row naming its person."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated

@@ -1,8 +1,6 @@
 """Admin JSON API for keys: list, create (the key is shown once), read, update, revoke, delete, and a front-end
 key's end users."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from litestar import Router, delete, get, patch, post

@@ -2,8 +2,6 @@
 chat models its backends serve, and the embedding model); /api/pull, push, create, copy and delete are refused
 with the reason: the operator manages the models (APPLIANCE_MODEL, the console), not the API's clients."""
 
-from __future__ import annotations
-
 import hashlib
 from datetime import UTC, datetime
 from typing import Any

@@ -2,8 +2,6 @@
 generate run through the shared generation pipeline (web/generation/pipeline.py), embeddings through
 web/embeddings; only the shapes are Ollama's: NDJSON streams by default, errors as {"error": ...}."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any, TypeVar
 

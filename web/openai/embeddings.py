@@ -2,8 +2,6 @@
 floats or base64 (little-endian float32, what the openai SDK asks for by default); usage counts the input's
 tokens. The request runs through web/embeddings (admitted, embedded, settled like any other)."""
 
-from __future__ import annotations
-
 import base64
 from collections.abc import Callable
 from typing import Annotated, Any, Literal

@@ -1,7 +1,5 @@
 """The /v1 routes: chat completions, completions and models, behind the API-key guard."""
 
-from __future__ import annotations
-
 from typing import Any, TypeVar
 
 from litestar import Request, Response, Router, get, post

@@ -2,8 +2,6 @@
 their API keys (made here, shown once, revoked here), and sign-out everywhere. Only their own: every key id is
 checked against the session's person."""
 
-from __future__ import annotations
-
 from datetime import datetime
 from typing import Annotated, Any
 

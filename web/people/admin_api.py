@@ -2,8 +2,6 @@
 suspend, reset password, set plan, delete; sign someone out everywhere; invite links. The last active admin can be
 neither suspended, demoted nor deleted (409 last_admin)."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any, Literal
 
 from litestar import Router, delete, get, patch, post

@@ -2,8 +2,6 @@
 cookie and, on every state change, the session's CSRF token in X-CSRF-Token); and the admin's purge of a person's
 conversations at /admin/api/users/{id}/conversations (HTTP Basic, like the rest of the admin API)."""
 
-from __future__ import annotations
-
 from datetime import datetime
 from typing import Annotated, Any, Literal
 

@@ -2,8 +2,6 @@
 Each form carries a double-submit token (no session exists yet to hold one); a sign-in always starts a new
 session id; one message for an unknown name and a wrong password."""
 
-from __future__ import annotations
-
 import secrets
 from typing import Annotated, Any
 

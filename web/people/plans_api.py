@@ -1,7 +1,5 @@
 """Admin JSON API for plans (HTTP Basic, like /admin/api/keys): list, create, read, update."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from litestar import Router, get, patch, post

@@ -2,8 +2,6 @@
 shared generation pipeline (web/generation/pipeline.py); only its shapes are the Responses API's. Stored answers
 (web/history/stored.py) are read and deleted only by the key that created them."""
 
-from __future__ import annotations
-
 import time
 from typing import Any, ClassVar
 

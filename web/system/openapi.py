@@ -3,8 +3,6 @@ routers, completed where it cannot see: the /v1 bodies (their handlers decode th
 the web room enforces, the statuses guards and limits answer, every refusal in OpenAI's error shape, /metrics as
 Prometheus text."""
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Mapping, Sequence
 from importlib.metadata import version

@@ -1,7 +1,5 @@
 """Liveness, readiness, Prometheus metrics, and the admin API's live stats and engine samples."""
 
-from __future__ import annotations
-
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 

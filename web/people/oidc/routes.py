@@ -3,8 +3,6 @@
 same kind of session the password sign-in starts. Every failure is the sign-in page with its reason, and no
 session."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from litestar import Request, Response, Router, get
