@@ -36,11 +36,11 @@ class Provider:
         self.people_file.write_text(json.dumps(people))
 
 
-def stalled_how(process: subprocess.Popen[str], work: Path) -> str:
-    """What a provider that went quiet is doing: its state and kernel wait per thread, and Node's own report (its
-    JavaScript and native stacks, asked for with SIGUSR2) when it can still give one."""
-    proc, lines = Path(f"/proc/{process.pid}"), []
-    for task in sorted(proc.glob("task/*")):
+def stopped_silent(process: subprocess.Popen[str], work: Path) -> str:
+    """What a provider that went quiet was doing (each thread's state and kernel wait, Node's own report with its
+    JavaScript and native stacks, asked for with SIGUSR2, and what it wrote to stderr), once it is stopped."""
+    lines = []
+    for task in sorted(Path(f"/proc/{process.pid}").glob("task/*")):
         state = next((line for line in (task / "status").read_text().splitlines() if line.startswith("State")), "")
         lines.append(
             f"thread {task.name} ({(task / 'comm').read_text().strip()}): {state}, in {(task / 'wchan').read_text()}"
@@ -52,11 +52,14 @@ def stalled_how(process: subprocess.Popen[str], work: Path) -> str:
     if reports:
         time.sleep(0.5)  # written in one go, but give it the time
         report = json.loads(reports[0].read_text())
+        reports[0].unlink()
         lines += ["JavaScript stack:", *report["javascriptStack"].get("stack", [report["javascriptStack"]["message"]])]
         lines += ["native stack:", *(frame.get("symbol", "?") for frame in report["nativeStack"][:20])]
     else:
         lines.append("no report from Node within 5 s of SIGUSR2")
-    return "\n".join(lines)
+    process.kill()
+    process.communicate()  # and close its pipe
+    return "\n".join([*lines, "stderr:", (work / "provider.log").read_text()])
 
 
 def started(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
@@ -87,18 +90,19 @@ def running_provider(work: Path, redirect_uri: str, issuer_host: str = "127.0.0.
     env = {**os.environ, "CLAIMS_FILE": str(people), "REDIRECT_URI": redirect_uri, "ISSUER_HOST": issuer_host}
     env |= {"CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
     process, port = started(work, env)
-    if not port and process.poll() is None:
-        stalled = stalled_how(process, work)
-        process.kill()
-        process.wait()
-        warnings.warn(
-            f"the OpenID Provider printed nothing in {STARTUP_S} s; starting it again. It was:\n{stalled}", stacklevel=3
-        )
-        process, port = started(work, env)
     try:
+        if not port and process.poll() is None:
+            why = stopped_silent(process, work)
+            warnings.warn(
+                f"the OpenID Provider printed nothing in {STARTUP_S} s; starting it again. It was:\n{why}", stacklevel=3
+            )
+            process, port = started(work, env)
+            if not port and process.poll() is None:
+                why = stopped_silent(process, work)
+                pytest.fail(f"the OpenID Provider printed nothing in {STARTUP_S} s, twice. It was:\n{why}")
         if not port.isdigit():
             pytest.fail(f"the OpenID Provider did not start: {(work / 'provider.log').read_text()}")
         yield Provider(f"http://{issuer_host}:{port}", people)
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.communicate(timeout=10)
