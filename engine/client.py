@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -50,7 +50,9 @@ from engine.messages import (
 from engine.sample.prompts import prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.sched.tenant import Tenant
-from engine.worker import Worker, start_worker
+
+if TYPE_CHECKING:
+    from engine.worker import Worker
 
 log = logging.getLogger("engine.client")
 
@@ -168,6 +170,11 @@ class AsyncEngineClient:
         generation = self._generation
         self.state = EngineState.LOADING
         self.load_step = None
+        # Imported here, not with this module: `python -m engine.worker` imports the engine package (so this
+        # module) first, and runpy would run a worker module already imported a second time as __main__,
+        # with a RuntimeWarning in every start's log.
+        from engine.worker import start_worker
+
         # torch and the model code load there, never here (seconds of a blocked event loop)
         self._process, to_core_w, from_core_r = start_worker("engine.process:run_engine_process", self.config)
         self._ready = self._loop.create_future()

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -29,7 +29,9 @@ from engine.embed.messages import (
 )
 from engine.errors import ContextLengthError, EngineDeadError, EngineError, InvalidRequestError, ModelLoadError
 from engine.messages import EngineState
-from engine.worker import Worker, start_worker
+
+if TYPE_CHECKING:
+    from engine.worker import Worker
 
 log = logging.getLogger("engine.embed.client")
 
@@ -75,6 +77,11 @@ class AsyncEmbeddingClient:
         self._generation += 1
         self.state = EngineState.LOADING
         # torch and the model load there, never here
+        # Imported here, not with this module: `python -m engine.worker` imports the engine package (so this
+        # module) first, and runpy would run a worker module already imported a second time as __main__,
+        # with a RuntimeWarning in every start's log.
+        from engine.worker import start_worker
+
         self._process, inbox_w, outbox_r = start_worker("engine.embed.process:run_embedding_process", self.config)
         self._conn = inbox_w
         self._ready = loop.create_future()
