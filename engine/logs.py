@@ -46,9 +46,18 @@ def stderr_is_journal(stream: TextIO | None = None, environ: Mapping[str, str] |
         return False
 
 
+def no_hub_kernel_hint(record: logging.LogRecord) -> bool:
+    """False for bitsandbytes' warning, at every 4-bit start on a CPU, that its optional `kernels` package is
+    missing: that package fetches compiled code from the Hugging Face Hub at run time, which the appliance never
+    does (it runs offline), and bitsandbytes computes with its own CPU code without it. The hint asks the operator
+    to install it: advice to ignore, in the log of every start."""
+    return "kernels-community" not in record.getMessage()
+
+
 def configure_logging(level: str) -> None:
     """Root logging to stderr at `level` (one of LEVELS), in the journal's form when stderr is the journal."""
     handler = logging.StreamHandler()
     journal = stderr_is_journal()
     handler.setFormatter(JournalFormatter(JOURNAL_FORMAT) if journal else logging.Formatter(PLAIN_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(no_hub_kernel_hint)

@@ -30,6 +30,15 @@ try:
 except ZeroDivisionError:
     log.exception("it broke")
 """
+HUB_KERNEL_HINT = """
+import logging
+from engine.logs import configure_logging
+configure_logging("info")
+import bitsandbytes  # on a CPU with AVX512-BF16 its CPU backend warns, at import, that `kernels` is missing
+cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+cpu_ops.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "No module named 'kernels'")
+cpu_ops.warning("another warning of that backend")
+"""
 ENGINE_LOGS = """
 import multiprocessing, sys
 from engine.config import EngineConfig
@@ -70,6 +79,13 @@ def test_lines_elsewhere_are_plain_and_timestamped(tmp_path: Path) -> None:
     lines = run_python(SERVER_LOGS, tmp_path / "stderr", journal_of=other).splitlines()
     assert TIMESTAMP.match(lines[0]) and lines[0].endswith(" INFO appliance.demo: listening"), lines[0]
     assert not any(line.startswith("<") for line in lines)
+
+
+def test_bitsandbytes_hint_to_fetch_hub_kernels_is_left_out(tmp_path: Path) -> None:
+    """Its advice (install `kernels`, code fetched from the Hugging Face Hub at run time) has no place in the log
+    of an appliance that runs offline; the backend's other warnings stay."""
+    lines = run_python(HUB_KERNEL_HINT, tmp_path / "stderr").splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == ["another warning of that backend"]
 
 
 def test_the_engine_process_logs_at_the_configured_level(tmp_path: Path) -> None:
