@@ -144,5 +144,6 @@ def serve(settings: Settings) -> None:
         server.run()
     finally:
         notifier.close()
+        gc.unfreeze()  # for the interpreter's last collection (engine.worker says why)
     if server.failed:
         raise SystemExit(1)

@@ -77,7 +77,12 @@ def main(argv: list[str]) -> None:
     # frozen, no full collection walks it again. Unfrozen, the load ran a dozen such collections (0.2 s each, 1.7 s
     # of a random:tiny start here); one while serving would stall a step as long.
     gc.freeze()
-    entry_point(config, inbox, outbox)
+    try:
+        entry_point(config, inbox, outbox)
+    finally:
+        # Thawed for the interpreter's last collection: what stays frozen is never freed, and nanobind (triton's
+        # bindings, which torch imports) then reports each of its objects as leaked, some thirty lines at every stop.
+        gc.unfreeze()
 
 
 if __name__ == "__main__":

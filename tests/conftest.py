@@ -86,6 +86,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Thawed for the interpreter's last collection, as engine.worker does: nanobind reports what stays frozen as
+    leaked (triton's bindings, some thirty lines after every run that imported torch's compiler)."""
+    gc.unfreeze()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _scrypt_once_per_password() -> Iterator[list[tuple[Any, str, Any, Any]]]:
     """Every password is hashed and checked at scrypt's full cost (about half a second each, on two cores), and
