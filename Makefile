@@ -69,9 +69,10 @@ typecheck: setup
 
 # Two lanes, one per core (`pytest -m "not slow"` is the quick tier for the edit loop):
 # - the second: the in-process gateway suites (`-m beside`, tests/conftest.py: pure Python on one core), a little
-#   niced, then tests/engine (torch on the bundled and tiny models: no server) and tests/bench (the benchmarks' own
-#   checks: small runs, one streaming benchmark). With tests/bench in the first lane, the second ended at ~760 s and
-#   the first at ~870 s, a core partly idle meanwhile (fresh clone, 2-core box);
+#   niced, then tests/engine (torch on the bundled and tiny models: no server), tests/bench (the benchmarks' own
+#   checks: small runs, one streaming benchmark) and tests/clients (Claude Code and Codex against one appliance).
+#   With tests/bench in the first lane, the second ended at ~760 s and the first at ~870 s, a core partly idle
+#   meanwhile (fresh clone, 2-core box); with only tests/clients (about 25 s) there, at 761 and 810 s;
 # - the first: everything else, whose real servers, vLLM, browsers and installs are mostly one core's work: with it
 #   alone after the in-process suites ended, the 2-core box stood at 53% busy for 18 minutes (sampled every 10 s).
 #   vLLM's venv (a minute and a half of pip) is made meanwhile; the tests that need it (`-m vllm`) run last.
@@ -82,7 +83,7 @@ typecheck: setup
 SECOND_LOG := artifacts/pytest-second-lane.log
 VLLM_LOG := artifacts/vllm-env.log
 BESIDE_DIRS := tests/security tests/web  # BESIDE_FOLDERS in tests/conftest.py: named here so that it collects only them
-SECOND_DIRS := tests/engine tests/bench
+SECOND_DIRS := tests/engine tests/bench tests/clients
 VLLM_DIRS := tests/peers tests/backends  # VLLM_FOLDERS in tests/conftest.py
 FIRST := $(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(SECOND_DIRS))
 pytest: sysdeps-test setup
