@@ -76,12 +76,9 @@ class AsyncEmbeddingClient:
         loop = asyncio.get_running_loop()
         self._generation += 1
         self.state = EngineState.LOADING
-        # torch and the model load there, never here
-        # Imported here, not with this module: `python -m engine.worker` imports the engine package (so this
-        # module) first, and runpy would run a worker module already imported a second time as __main__,
-        # with a RuntimeWarning in every start's log.
-        from engine.worker import start_worker
+        from engine.worker import start_worker  # here, not with this module: engine/client.py says why
 
+        # torch and the model load there, never here
         self._process, inbox_w, outbox_r = start_worker("engine.embed.process:run_embedding_process", self.config)
         self._conn = inbox_w
         self._ready = loop.create_future()
