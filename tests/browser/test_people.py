@@ -4,6 +4,7 @@ chat until approved."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,7 +13,7 @@ from tests.browser.chat_page import send
 from tests.browser.conftest import Server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import Page, Route
 
 expect = pytest.importorskip("playwright.sync_api").expect
 PASSWORD = "a person's browser password"
@@ -109,3 +110,34 @@ def test_a_person_at_their_plans_quota_sees_why_and_their_usage(page: Page, serv
     page.goto("/account")
     expect(page.locator("#my-usage")).to_contain_text("of 20 tokens used in total")
     assert not server.requests(user_id=person.json()["id"], status="finished"), "nothing ran past the quota"
+
+
+def _first_held(page: Page, held: list[Route]) -> Route:
+    deadline = time.monotonic() + 30
+    while not held:
+        assert time.monotonic() < deadline, "the page never sent the request"
+        page.wait_for_timeout(20)
+    return held[0]
+
+
+def test_a_reply_begun_before_the_saved_conversations_arrive_still_shows(page: Page, server: Server) -> None:
+    """The chat page asks for the person's saved conversations as it opens and draws the page again when they come.
+    A message sent before then (a busy appliance, a slow link) must go on showing its reply in the page drawn again,
+    to its last word and its figures; it had kept painting into the node drawn before, no longer on the page (the
+    quota test above once saw an empty reply for it, in CI)."""
+    _person(server, "early-sender")
+    listed: list[Route] = []
+    asked: list[Route] = []
+    # Both held until the test lets them go: the list once the reply has been asked for, then the reply.
+    page.route("**/api/conversations?limit=*", lambda route: listed.append(route))
+    page.route("**/v1/chat/completions", lambda route: asked.append(route))
+    _sign_in(page, "early-sender")
+    page.wait_for_url(server.url + "/")
+    the_list = _first_held(page, listed)
+    send(page, "hello before my conversations are here")
+    the_reply = _first_held(page, asked)
+    page.evaluate("document.querySelector('#messages').lastElementChild.dataset.drawnBefore = 'yes'")
+    the_list.continue_()
+    expect(page.locator("#messages [data-drawn-before]")).to_have_count(0)  # the page drawn again
+    the_reply.continue_()
+    expect(page.locator(".message.assistant .stats")).to_contain_text("completion tokens")

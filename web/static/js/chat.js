@@ -153,6 +153,9 @@ async function send(text) {
   const repaint = () => {
     const begun = performance.now();
     const next = messageNode(reply);
+    // The messages may have been drawn again meanwhile (the saved conversations arriving after a send, on a slow
+    // link): paint into the reply's node as it is shown now, not into one no longer on the page.
+    if (!current.isConnected && store.current === c) current = $("messages").children[c.messages.indexOf(reply)];
     current.replaceWith(next);
     current = next;
     const box = $("messages");
