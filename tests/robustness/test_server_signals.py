@@ -33,6 +33,10 @@ from tests.web.server import Server, start_server
 pytestmark = pytest.mark.slow
 SEATS = 16  # max_num_seqs: beyond it requests wait queued, so the crash hits both queued and running rows
 DRAIN_TIMEOUT = 30.0
+# Each drained request's length: long enough that all 32 are seen running at once before SIGTERM. At 150 tokens
+# random:tiny ran all 32 from admission to their end in 1.2 s, and once in CI the history showed them finished before
+# the test had seen them all running (the rows come through the batch writer).
+DRAINED_TOKENS = 600
 
 
 @pytest.fixture
@@ -104,7 +108,7 @@ async def test_sigterm_under_load_drains_then_exits_0(tmp_path: Path, servers: l
     srv.wait_ready()
     key = srv.new_key("drain")
     headers = {"Authorization": f"Bearer {key}"}
-    body = {"model": MODEL, "max_tokens": 150, "ignore_eos": True}
+    body = {"model": MODEL, "max_tokens": DRAINED_TOKENS, "ignore_eos": True}
     usage = {"stream_options": {"include_usage": True}}
     with fault("SIGTERM under load") as figures:
         async with async_client(srv) as http:
@@ -131,8 +135,8 @@ async def test_sigterm_under_load_drains_then_exits_0(tmp_path: Path, servers: l
         )
 
         assert code == 0 and took < DRAIN_TIMEOUT
-        assert all(r.done and r.usage and r.usage["completion_tokens"] == 150 for r in streamed)
-        assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 150 for r in answered)
+        assert all(r.done and r.usage and r.usage["completion_tokens"] == DRAINED_TOKENS for r in streamed)
+        assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == DRAINED_TOKENS for r in answered)
         assert late.status_code == 503 and "draining" in late.json()["error"]["message"]
         assert late_stream.status == 503 and late_stream.error and "draining" in late_stream.error["message"]
         rows = await settled_rows(srv, key, 34)
