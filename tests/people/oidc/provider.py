@@ -89,17 +89,17 @@ def running_provider(work: Path, redirect_uri: str, issuer_host: str = "127.0.0.
     people.write_text("{}")
     env = {**os.environ, "CLAIMS_FILE": str(people), "REDIRECT_URI": redirect_uri, "ISSUER_HOST": issuer_host}
     env |= {"CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
-    process, port = started(work, env)
+    for attempt in (1, 2):
+        process, port = started(work, env)
+        if port or process.poll() is not None:
+            break
+        why = stopped_silent(process, work)
+        if attempt == 2:
+            pytest.fail(f"the OpenID Provider printed nothing in {STARTUP_S} s, twice. It was:\n{why}")
+        warnings.warn(
+            f"the OpenID Provider printed nothing in {STARTUP_S} s; starting it again. It was:\n{why}", stacklevel=3
+        )
     try:
-        if not port and process.poll() is None:
-            why = stopped_silent(process, work)
-            warnings.warn(
-                f"the OpenID Provider printed nothing in {STARTUP_S} s; starting it again. It was:\n{why}", stacklevel=3
-            )
-            process, port = started(work, env)
-            if not port and process.poll() is None:
-                why = stopped_silent(process, work)
-                pytest.fail(f"the OpenID Provider printed nothing in {STARTUP_S} s, twice. It was:\n{why}")
         if not port.isdigit():
             pytest.fail(f"the OpenID Provider did not start: {(work / 'provider.log').read_text()}")
         yield Provider(f"http://{issuer_host}:{port}", people)
