@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.cpu.decode_kernel import attention_kernel
 from engine.errors import ConfigError
+from engine.hf import tokenizer_class_name
 from engine.messages import (
     QUEUE_SNAPSHOT,
     EngineStats,
@@ -332,6 +333,7 @@ class EngineCore:
             kv_bytes_per_block=self.kv.bytes_per_block,
             kv_cache_dtype=self.config.kv_cache_dtype,
             kv_groups=self.kv_groups.count,
+            tokenizer_class=tokenizer_class_name(self.tokenizer),
         )
 
     def stats(self) -> EngineStats:

@@ -10,6 +10,7 @@ thread of its own; every one goes through here, one import at a time.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,33 @@ def transformers_class(name: str) -> Any:
         return getattr(transformers, name)
 
 
-def load_tokenizer(path: str | Path, **options: Any) -> Any:
-    """AutoTokenizer.from_pretrained(path, **options), its class imported as above."""
+def load_tokenizer(path: str | Path, tokenizer_class: str = "", **options: Any) -> Any:
+    """AutoTokenizer.from_pretrained(path, **options), its class imported as above.
+
+    `tokenizer_class` ("transformers.<module>.<Class>") is the class AutoTokenizer already chose for this directory in
+    another process (the engine worker names it in ModelInfo): that class loads it straight away. AutoTokenizer's
+    choice reads the model's config, and transformers' config module imports torch (about 2.5 s of a gateway's
+    start); the tokenizer classes do not. Same class, same files: the same tokenizer.
+    """
+    if tokenizer_class:
+        return named_tokenizer_class(tokenizer_class).from_pretrained(str(path), **options)
     return transformers_class("AutoTokenizer").from_pretrained(str(path), **options)
+
+
+def tokenizer_class_name(tokenizer: Any) -> str:
+    """What load_tokenizer's `tokenizer_class` takes for this tokenizer's class."""
+    cls = type(tokenizer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def named_tokenizer_class(name: str) -> Any:
+    """The class tokenizer_class_name named: one of transformers' tokenizer classes, or ValueError."""
+    module, _, attr = name.rpartition(".")
+    if not module.startswith("transformers.") or not attr.isidentifier():
+        raise ValueError(f"not one of transformers' tokenizer classes: {name!r}")
+    with _IMPORTING:
+        cls = getattr(importlib.import_module(module), attr, None)
+        base = importlib.import_module("transformers.tokenization_utils_base").PreTrainedTokenizerBase
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"not one of transformers' tokenizer classes: {name!r}")
+    return cls

@@ -94,6 +94,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     kv_bytes_per_block: int
     kv_cache_dtype: str = "auto"  # the pool's element type as vLLM's --kv-cache-dtype names it (auto: the model's)
     kv_groups: int = 1  # layer groups a token's KV is spread over, one block each (engine.sched.kv_groups)
+    tokenizer_class: str = ""  # the class AutoTokenizer chose for tokenizer_dir (engine.hf.load_tokenizer), if known
 
     @property
     def kv_tokens(self) -> int:

@@ -176,6 +176,24 @@ def test_keys_from_the_cli_work_on_the_running_server(served: Served, beside: Cl
     assert revoked.status_code == 401 and "revoked" in revoked.text
 
 
+def test_the_gateway_renders_and_streams_prompts_without_torch(served: Served, beside: Cli) -> None:
+    """The gateway's tokenizer is the class the engine's AutoTokenizer chose, loaded without transformers' config
+    module: that module imports torch, 2 CPU-seconds of every start for nothing the gateway uses."""
+    served.server.wait_ready()
+    key = beside("keys", "create", "no-torch").out.strip()
+    chat = {"model": "random:tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    answer = httpx.post(
+        served.server.url + "/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {key}"}, timeout=60
+    )
+    assert answer.status_code == 200 and "[DONE]" in answer.text, answer.text
+
+    def maps(process: psutil.Process) -> str:
+        return Path(f"/proc/{process.pid}/maps").read_text()
+
+    assert "libtorch_cpu" in maps(served.engine_process())  # what the check below looks for, where torch is
+    assert "libtorch_cpu" not in maps(psutil.Process(served.server.process.pid))
+
+
 def test_admin_set_password_takes_effect_on_the_running_server(served: Served, beside: Cli) -> None:
     stats = served.server.url + "/admin/api/stats"
     assert httpx.get(stats, headers=served.admin()).status_code == 200
