@@ -96,18 +96,20 @@ def load_model(
         report(f"auto choices on {device}: {chosen} ({hardware})")
     streamed: Counter[str] = Counter()  # linear layers packed from a GGUF's own blocks, by form
     gguf = gguf_path(config.model)
+    tokenizer: PreTrainedTokenizerBase | None = None
     if config.model.startswith(RANDOM_PREFIX):
         name = config.model
-        model, source_dir = _random_model(config, device, dtype, attn_implementation, report)
+        model, source_dir, tokenizer = _random_model(config, device, dtype, attn_implementation, report)
     elif gguf is not None:
         name = gguf_name(gguf)
         model, source_dir, streamed = _gguf_model(gguf, config, device, dtype, attn_implementation, report)
     else:
         source_dir, name = _checkpoint_dir(config.model, config.model_cache_dir, report)
         model = _from_pretrained(source_dir, config.quantization, device, dtype, attn_implementation, report)
-    report("loading tokenizer …")
-    with step(f"loading the tokenizer from {source_dir}"):
-        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+    if tokenizer is None:
+        report("loading tokenizer …")
+        with step(f"loading the tokenizer from {source_dir}"):
+            tokenizer = AutoTokenizer.from_pretrained(source_dir)
     model.eval()
     model.requires_grad_(False)
     plan = cpu_plan(config, device.type, _name(dtype), type(model).__name__, this_machine(onednn_bf16()))
@@ -225,8 +227,8 @@ def _random_model(
     dtype: torch.dtype,
     attn_implementation: str | None,
     report: Progress,
-) -> tuple[PreTrainedModel, Path]:
-    """Seeded random weights with the default model's tokenizer.
+) -> tuple[PreTrainedModel, Path, PreTrainedTokenizerBase]:
+    """Seeded random weights with the default model's tokenizer (returned too: the folder's).
 
     Unquantized, the model is built in memory; random-<preset>/ then holds only config + tokenizer.
     bitsandbytes quantizes only in from_pretrained, so a quantized one is first saved, once, to
@@ -242,7 +244,8 @@ def _random_model(
     if config.quantization == "none":
         report(f"building random {preset_name} weights (seed {config.seed}) …")
         with step(f"building {config.model} on {device}"):
-            return build_random_model(hf_config, config.seed, device, dtype, attn_implementation), base_dir
+            model = build_random_model(hf_config, config.seed, device, dtype, attn_implementation)
+        return model, base_dir, tokenizer
     weights_dir = cache_root / f"random-{preset_name}-seed{config.seed}"
     if not is_complete(weights_dir):
         report(f"building random {preset_name} weights (seed {config.seed}) to quantize …")
@@ -252,7 +255,7 @@ def _random_model(
             del model
             tokenizer.save_pretrained(staging)
     model = _from_pretrained(weights_dir, config.quantization, device, dtype, attn_implementation, report)
-    return model, weights_dir
+    return model, weights_dir, tokenizer
 
 
 def random_model_dir(preset_name: str, cache_root: Path, report: Progress | None = None) -> Path:

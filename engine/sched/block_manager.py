@@ -28,6 +28,21 @@ class _Block:
     anchor: tuple[int, int | None] | None = None
 
 
+class _Blocks(dict[int, _Block]):
+    """Block id -> its record, made at its first use: a small model's pool is a quarter of a million blocks, and
+    making every record up front cost a second of each engine start (the collector walking the loaded heap)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__()
+        self.num_blocks = num_blocks
+
+    def __missing__(self, block_id: int) -> _Block:
+        if not 0 <= block_id < self.num_blocks:
+            raise IndexError(f"block id {block_id} outside 0..{self.num_blocks - 1}")
+        block = self[block_id] = _Block()
+        return block
+
+
 @dataclass(slots=True)
 class _RequestState:
     table: list[int] = field(default_factory=list)
@@ -50,7 +65,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self._blocks = [_Block() for _ in range(num_blocks)]
+        self._blocks = _Blocks(num_blocks)
         # Blocks with ref_count 0 in eviction order (head first); an ordered dict gives O(1) removal from the
         # middle when a cached block is revived by a prefix hit.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))

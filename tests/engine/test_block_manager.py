@@ -17,7 +17,12 @@ from hypothesis.stateful import (
 )
 
 from engine.sched import block_manager
-from engine.sched.block_manager import BlockManager
+from engine.sched.block_manager import BlockManager, _Block
+
+
+def all_blocks(bm: BlockManager) -> dict[int, _Block]:
+    """Every block's record, id by id (the manager makes one at a block's first use)."""
+    return {block_id: bm._blocks[block_id] for block_id in range(bm.num_blocks)}
 
 
 def collide_first_blocks(parent_key: int | None, tokens: tuple[int, ...]) -> int:
@@ -361,13 +366,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for i, block_id in enumerate(table):
                 holders.setdefault(block_id, []).append((rid, i))
         refs = Counter({block_id: len(held) for block_id, held in holders.items()})
-        assert all(block.ref_count == refs[block_id] for block_id, block in enumerate(bm._blocks))
-        assert sum(block.ref_count for block in bm._blocks) == sum(refs.values())
-        unreferenced = {block_id for block_id, block in enumerate(bm._blocks) if block.ref_count == 0}
+        assert all(block.ref_count == refs[block_id] for block_id, block in all_blocks(bm).items())
+        assert sum(block.ref_count for block in all_blocks(bm).values()) == sum(refs.values())
+        unreferenced = {block_id for block_id, block in all_blocks(bm).items() if block.ref_count == 0}
         assert set(bm._free) == unreferenced
         assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
         assert bm.num_used_blocks == len(holders)
-        assert bm.num_cached_blocks == sum(block.key is not None for block in bm._blocks)
+        assert bm.num_cached_blocks == sum(block.key is not None for block in all_blocks(bm).values())
         if not self.reqs:
             assert (bm.num_used_blocks, bm.num_free_blocks) == (0, bm.num_blocks)
 
@@ -410,3 +415,13 @@ def test_with_prefix_caching_only_registered_blocks_are_given_back() -> None:
     bm.cache_blocks("a", list(range(16)), 4)  # one full block computed and registered
     bm.release_before("a", 12)
     assert bm.num_released_blocks == 1, "blocks not yet in the prefix cache stay until they are"
+
+
+def test_a_blocks_record_is_made_at_its_first_use_and_ids_outside_the_pool_are_refused() -> None:
+    bm = BlockManager(num_blocks=1 << 20, block_size=16)  # a tiny model's pool: a million blocks
+    assert len(bm._blocks) == 0
+    assert bm.allocate_slots("r", 40)
+    assert sorted(bm._blocks) == sorted(bm.block_table("r")) and bm.num_free_blocks == (1 << 20) - 3
+    for outside in (-1, 1 << 20):
+        with pytest.raises(IndexError, match="outside"):
+            bm._blocks[outside]

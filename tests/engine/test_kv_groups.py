@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.sched.kv_groups import SKIPPED, GroupedBlockManager, KVGroups
-from tests.engine.test_block_manager import derived_prompt
+from tests.engine.test_block_manager import all_blocks, derived_prompt
 
 
 def test_alike_layers_make_one_group_of_every_layer() -> None:
@@ -232,8 +232,8 @@ class GroupedBlocksMachine(RuleBasedStateMachine):
     def every_block_is_counted_once_per_holder(self) -> None:
         bm = self.bm
         holders: Counter[int] = Counter(b for rid in self.reqs for held in self._held(rid) for _, b in held)
-        assert all(block.ref_count == holders[b] for b, block in enumerate(bm._blocks))
-        assert set(bm._free) == {b for b, block in enumerate(bm._blocks) if block.ref_count == 0}
+        assert all(block.ref_count == holders[b] for b, block in all_blocks(bm).items())
+        assert set(bm._free) == {b for b, block in all_blocks(bm).items() if block.ref_count == 0}
         assert bm.num_used_blocks == len(holders)
         if not self.reqs:
             assert bm.num_free_blocks == bm.num_blocks
