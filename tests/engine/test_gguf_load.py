@@ -5,8 +5,11 @@ blocks the packed kernel multiplies, and the engine's greedy tokens equal transf
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,7 +98,23 @@ def test_a_k_quant_gguf_loads_in_bounded_memory_with_transformers_greedy_tokens(
     assert engine["tokens"] == expected.tolist()
 
 
-def test_a_1b_q4_k_m_gguf_loads_within_its_weights_and_a_fixed_transient(tmp_path: Path) -> None:
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """Where the 1B test writes its 0.7 GB GGUF and the load its 1.3 GB packed cache: in memory where /dev/shm has
+    room, else tmp_path. On disk those 2 GB met the kernel's throttle on dirty pages: the test took 33.5 s on the
+    2-core box, 24.7 s in memory. What it measures (the load's peak RSS, mapped file pages included) is the same."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shutil.disk_usage(shm).free < 8 << 30:
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gguf-1b-", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_1b_q4_k_m_gguf_loads_within_its_weights_and_a_fixed_transient(scratch: Path) -> None:
     """A Llama 3.2 1B shape laid out as a Q4_K_M file: the load holds its final weights (blocks kept, as q4f and
     q8f) and a transient that does not grow with the model (the vocabulary parsed, a chunk of rows, freed heap):
     never a float32 copy of the whole model (4.9 GB here). The tokens of the same path are the tiny test's."""
@@ -103,10 +122,10 @@ def test_a_1b_q4_k_m_gguf_loads_within_its_weights_and_a_fixed_transient(tmp_pat
         bundled_gguf()
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    gguf = tmp_path / "random-llama-1b.Q4_K_M.gguf"
+    gguf = scratch / "random-llama-1b.Q4_K_M.gguf"
     write_random_llama(gguf, SHAPES["1b"], q4_k_m)
     done = subprocess.run(
-        [sys.executable, "-c", ENGINE_RUN, str(gguf), str(tmp_path / "cache"), PROMPT, "2"],
+        [sys.executable, "-c", ENGINE_RUN, str(gguf), str(scratch / "cache"), PROMPT, "2"],
         capture_output=True,
         text=True,
         timeout=900,
