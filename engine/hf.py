@@ -40,9 +40,10 @@ def load_tokenizer(path: str | Path, tokenizer_class: str = "", **options: Any) 
 
 
 def tokenizer_class_name(tokenizer: Any) -> str:
-    """What load_tokenizer's `tokenizer_class` takes for this tokenizer's class."""
+    """What load_tokenizer's `tokenizer_class` takes for this tokenizer's class; "" (AutoTokenizer, then) for a
+    class outside transformers' own modules (a model's own code)."""
     cls = type(tokenizer)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__.startswith("transformers.") else ""
 
 
 def named_tokenizer_class(name: str) -> Any:

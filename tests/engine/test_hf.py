@@ -93,6 +93,12 @@ def test_the_class_autotokenizer_chose_loads_the_same_tokenizer(
         )
 
 
+def test_a_class_of_a_models_own_code_is_left_to_autotokenizer(default_tokenizer_dir: Path) -> None:
+    own = type("OwnTokenizer", (type(AutoTokenizer.from_pretrained(default_tokenizer_dir)),), {})
+    own.__module__ = "transformers_modules.someone.model.tokenization"  # where trust_remote_code puts a model's code
+    assert tokenizer_class_name(own.__new__(own)) == ""
+
+
 @pytest.mark.parametrize(
     "name",
     [
