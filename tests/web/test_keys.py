@@ -8,8 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows
+from web.app import Gateway
+from web.errors import AuthenticationFailed
+from web.keys.info import KeyInfo, KeyLimits
 from web.keys.periods import next_period_start, period_start
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -204,3 +208,29 @@ async def test_rollover_job_resets_ended_periods(in_loop: InLoop, db: sqlite3.Co
     assert await in_loop.gateway.keys.roll_over_all() == 1
     used = [r["used_tokens"] for r in rows(db, "SELECT used_tokens FROM key_usage ORDER BY key_id")]
     assert used == [0, 40]
+
+
+async def test_a_persons_key_is_read_with_its_owners_plan_in_one_query(gateway: Gateway) -> None:
+    """Every request by a person's key or session needs the person's standing and plan: they come in the same query
+    as the key (and for a session, in one query), not in a round trip of their own."""
+    plan = await gateway.plans.create("classroom", KeyLimits(max_tokens_per_request=6, weight=2.0, priority="batch"))
+    person = await gateway.accounts.create("pupil", "a long enough password", plan_id=plan.id)
+    stranger = await gateway.accounts.create("stranger", "a long enough password")
+    await gateway.accounts.set_plan(person.id, plan.id, {"max_concurrent": 3})
+    _, key = await gateway.keys.create("laptop", KeyLimits(), user_id=person.id)
+    statements: list[str] = []
+    event.listen(gateway.db.sync_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    try:
+        as_run = await gateway.keys.authenticate(key)
+        assert len(statements) == 1, statements
+        assert as_run.limits == KeyLimits(max_tokens_per_request=6, max_concurrent=3, weight=2.0, priority="batch")
+        assert as_run.tenant.id == f"user:{person.id}" and as_run.quota_since is not None
+        statements.clear()
+        signed_in = await gateway.plans.apply(KeyInfo.signed_in(stranger.id, "stranger", datetime.now(UTC)))
+        assert len(statements) == 1, statements
+        assert signed_in.limits == KeyLimits() and signed_in.tenant.id == f"user:{stranger.id}"
+        await gateway.accounts.set_suspended(person.id, True)
+        with pytest.raises(AuthenticationFailed, match="suspended or not approved"):
+            await gateway.keys.authenticate(key)
+    finally:
+        await gateway.db.dispose()

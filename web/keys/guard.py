@@ -72,12 +72,12 @@ def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore, keyless: 
         if presented is None:
             keyless_id = keyless.key_for(connection.client.host if connection.client else None)
             if keyless_id is not None:
-                connection.state.api_key = await plans.apply(await keys.keyless(keyless_id))
+                connection.state.api_key = await keys.keyless(keyless_id)
                 return
             raise AuthenticationFailed(
                 "missing API key: send it as 'Authorization: Bearer sk-...' or 'x-api-key: sk-...'",
                 code="missing_api_key",
             )
-        connection.state.api_key = await plans.apply(await keys.authenticate(presented))
+        connection.state.api_key = await keys.authenticate(presented)
 
     return guard

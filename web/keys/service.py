@@ -20,12 +20,15 @@ from web.history.writer import describe
 from web.keys.info import NOT_FRONT_END, FrontEnd, KeyInfo, KeyLimits
 from web.keys.periods import period_start
 from web.models import ApiKey, EndUser, KeyUsage, Plan, UserUsage, UTCDateTime, utcnow
+from web.people.plans import Owner, run_as_owner, with_owner
 
 log = logging.getLogger("web.keys")
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 10  # "sk-" and 7 random characters: enough to recognise a key, useless to guess it
-_BY_HASH = select(ApiKey.__table__).where(ApiKey.__table__.c.key_hash == bindparam("digest"))
-_BY_ID = select(ApiKey.__table__).where(ApiKey.__table__.c.id == bindparam("key_id"))
+_KEYS = cast(Table, ApiKey.__table__)
+# A key with its owner's standing and plan beside it, in one query: the key as its requests run.
+_BY_HASH = with_owner(_KEYS, _KEYS.c.user_id).where(_KEYS.c.key_hash == bindparam("digest"))
+_BY_ID = with_owner(_KEYS, _KEYS.c.user_id).where(_KEYS.c.id == bindparam("key_id"))
 _usage = cast(Table, KeyUsage.__table__)
 # The period rollover job: every key of a period kind whose period has ended starts afresh (reservations stay:
 # they belong to requests in flight, which the ledger settles).
@@ -66,6 +69,7 @@ class KeyService:
         self.db = db
 
     async def authenticate(self, presented: str | None) -> KeyInfo:
+        """The key presented, as its requests run: a person's key under its owner's plan (web/people/plans.py)."""
         if not presented:
             raise AuthenticationFailed(
                 "missing API key: send it as 'Authorization: Bearer sk-...'", code="missing_api_key"
@@ -81,7 +85,7 @@ class KeyService:
             raise AuthenticationFailed("incorrect API key provided")
         if row.revoked_at is not None:
             raise AuthenticationFailed("this API key has been revoked", code="revoked_api_key")
-        return KeyInfo.of(row)
+        return run_as_owner(KeyInfo.of(row), Owner.of(row))
 
     async def keyless(self, key_id: int) -> KeyInfo:
         """The key a request without a credential runs as (web/keys/keyless.py): missing or revoked, the request
@@ -97,7 +101,7 @@ class KeyService:
             raise AuthenticationFailed(
                 "missing API key: send it as 'Authorization: Bearer sk-...'", code="missing_api_key"
             )
-        return KeyInfo.of(row)
+        return run_as_owner(KeyInfo.of(row), Owner.of(row))
 
     async def create(
         self, name: str, limits: KeyLimits, user_id: int | None = None, front_end: FrontEnd = NOT_FRONT_END
