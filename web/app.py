@@ -232,7 +232,7 @@ def app_of(gateway: Gateway) -> Litestar:
             await gateway.stop(engine_task)
 
     admin = admin_guard(gateway.admin)
-    api_key = api_key_guard(gateway.keys, gateway.plans, gateway.web_sessions, gateway.config.keyless)
+    api_key = api_key_guard(gateway.keys, gateway.web_sessions, gateway.config.keyless)
     api = [
         openai_router(api_key),
         anthropic_router(api_key),

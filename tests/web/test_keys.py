@@ -212,7 +212,7 @@ async def test_rollover_job_resets_ended_periods(in_loop: InLoop, db: sqlite3.Co
 
 async def test_a_persons_key_is_read_with_its_owners_plan_in_one_query(gateway: Gateway) -> None:
     """Every request by a person's key or session needs the person's standing and plan: they come in the same query
-    as the key (and for a session, in one query), not in a round trip of their own."""
+    as the key or the session, not in a round trip of their own."""
     plan = await gateway.plans.create("classroom", KeyLimits(max_tokens_per_request=6, weight=2.0, priority="batch"))
     person = await gateway.accounts.create("pupil", "a long enough password", plan_id=plan.id)
     stranger = await gateway.accounts.create("stranger", "a long enough password")
@@ -229,6 +229,11 @@ async def test_a_persons_key_is_read_with_its_owners_plan_in_one_query(gateway: 
         signed_in = await gateway.plans.apply(KeyInfo.signed_in(stranger.id, "stranger", datetime.now(UTC)))
         assert len(statements) == 1, statements
         assert signed_in.limits == KeyLimits() and signed_in.tenant.id == f"user:{stranger.id}"
+        session = await gateway.web_sessions.create(person.id)
+        statements.clear()
+        read = await gateway.web_sessions.get(session.token)
+        assert len(statements) == 1, statements
+        assert read is not None and read.owner is not None and read.owner.limits == as_run.limits
         await gateway.accounts.set_suspended(person.id, True)
         with pytest.raises(AuthenticationFailed, match="suspended or not approved"):
             await gateway.keys.authenticate(key)

@@ -16,7 +16,7 @@ from web.keys.keyless import Keyless
 from web.keys.service import KeyService
 from web.models import utcnow
 from web.people.guard import CSRF_HEADER, SESSION_COOKIE
-from web.people.plans import Plans
+from web.people.plans import run_as_owner
 from web.people.sessions import SessionStore, tokens_match
 
 # The routes the chat page calls with its session instead of a key.
@@ -41,9 +41,9 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 async def signed_in_person(connection: ASGIConnection[Any, Any, Any, Any], store: SessionStore) -> KeyInfo | None:
-    """The person the chat page's session cookie names, on the routes the chat page calls, with the session's
-    CSRF token in its header (a page of another site can send the cookie, never the header); None without a
-    cookie."""
+    """The person the chat page's session cookie names, as their requests run (their plan's limits), on the routes
+    the chat page calls, with the session's CSRF token in its header (a page of another site can send the cookie,
+    never the header); None without a cookie."""
     cookie = connection.cookies.get(SESSION_COOKIE)
     if not cookie or connection.scope["path"] not in SESSION_PATHS:
         return None
@@ -54,10 +54,12 @@ async def signed_in_person(connection: ASGIConnection[Any, Any, Any, Any], store
         raise AuthenticationFailed(
             "a request by a signed-in session needs the page's CSRF token in X-CSRF-Token", code="csrf_token_invalid"
         )
-    return KeyInfo.signed_in(session.person.id, session.person.username, session.created_at)
+    return run_as_owner(
+        KeyInfo.signed_in(session.person.id, session.person.username, session.created_at), session.owner
+    )
 
 
-def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore, keyless: Keyless) -> Guard:
+def api_key_guard(keys: KeyService, store: SessionStore, keyless: Keyless) -> Guard:
     """Authenticate (an API key, or on the chat page's routes a signed-in session, or with neither the keyless
     key where the operator opened one), and note when the request arrived (wall clock and monotonic) for its
     history row. A person's key or session runs under their plan."""
@@ -67,7 +69,7 @@ def api_key_guard(keys: KeyService, plans: Plans, store: SessionStore, keyless: 
         presented = presented_key(connection.headers)
         person = await signed_in_person(connection, store) if presented is None else None
         if person is not None:
-            connection.state.api_key = await plans.apply(person)
+            connection.state.api_key = person
             return
         if presented is None:
             keyless_id = keyless.key_for(connection.client.host if connection.client else None)

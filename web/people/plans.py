@@ -21,19 +21,20 @@ from web.models import Plan, User, utcnow
 
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(KeyLimits))
 OVERRIDABLE = (*LIMIT_FIELDS, "models")
-_USERS, _PLANS = cast(Table, User.__table__), cast(Table, Plan.__table__)
+_USERS, PLANS = cast(Table, User.__table__), cast(Table, Plan.__table__)
 # A person's standing and plan, read beside the row that names them (a key's owner, a session's person) in the
-# same query: every request by a person's key or session needs them, and a second round trip to the database cost
-# each such request about 1 ms more on an idle gateway. Labelled: a key's columns have the same names.
-_OWNER = (
+# same query, the users and plans tables joined (`with_owner`, web/people/sessions.py): every request by a person's
+# key or session needs them, and a second round trip to the database cost each such request about 1 ms more on an
+# idle gateway. Labelled: a key's columns have the same names.
+OWNER_COLUMNS = (
     _USERS.c.id.label("owner_id"),
     _USERS.c.role.label("owner_role"),
     _USERS.c.suspended.label("owner_suspended"),
     _USERS.c.overrides.label("owner_overrides"),
     _USERS.c.created_at.label("owner_since"),
-    _PLANS.c.id.label("plan_id"),
-    _PLANS.c.models.label("plan_models"),
-    *(_PLANS.c[name].label(f"plan_{name}") for name in LIMIT_FIELDS),
+    PLANS.c.id.label("plan_id"),
+    PLANS.c.models.label("plan_models"),
+    *(PLANS.c[name].label(f"plan_{name}") for name in LIMIT_FIELDS),
 )
 
 
@@ -60,13 +61,13 @@ class PlanInfo:
 def with_owner(table: Table, user_id: ColumnElement[Any]) -> Select[Any]:
     """The table's rows with the standing and plan of the person `user_id` names beside them (NULL where it names
     no one): what `Owner.of` reads."""
-    joined = table.outerjoin(_USERS, _USERS.c.id == user_id).outerjoin(_PLANS, _PLANS.c.id == _USERS.c.plan_id)
-    return select(table, *_OWNER).select_from(joined)
+    joined = table.outerjoin(_USERS, _USERS.c.id == user_id).outerjoin(PLANS, PLANS.c.id == _USERS.c.plan_id)
+    return select(table, *OWNER_COLUMNS).select_from(joined)
 
 
 _PERSON = (
-    select(*_OWNER)
-    .select_from(_USERS.outerjoin(_PLANS, _PLANS.c.id == _USERS.c.plan_id))
+    select(*OWNER_COLUMNS)
+    .select_from(_USERS.outerjoin(PLANS, PLANS.c.id == _USERS.c.plan_id))
     .where(_USERS.c.id == bindparam("user_id"))
 )
 
@@ -189,8 +190,9 @@ class Plans:
         return user, limits, models
 
     async def apply(self, key: KeyInfo) -> KeyInfo:
-        """A person's key or session as its requests run (`run_as_owner`). An API key's own lookup reads its owner
-        in the same query (web/keys/service.py): this is for the rest (a session, a front end's person)."""
+        """A person's key as its requests run (`run_as_owner`), in one query. An API key's own lookup and a
+        session's read their person in the same query as themselves (web/keys/service.py, web/people/sessions.py):
+        this is for the rest (a front end's person)."""
         if key.user_id is None:
             return key
         async with self.sessions() as session:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from web.models import User, WebSession, utcnow
 from web.people.accounts import Person
+from web.people.plans import OWNER_COLUMNS, PLANS, Owner
 
 IDLE_TIMEOUT_S = 60 * 60  # a page left without requests (polling counts) signs out after an hour
 MAX_AGE_S = 12 * 60 * 60  # and any session ends after twelve hours, open page or not
@@ -38,11 +39,13 @@ def tokens_match(expected: str, presented: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SignedIn:
-    """A live session and its person, for one request."""
+    """A live session and its person, for one request; with the person's standing and plan as their requests run
+    where the session was read (`get`), not where it was just made."""
 
     token: str
     person: Person
     created_at: datetime
+    owner: Owner | None = None
 
     @property
     def csrf_token(self) -> str:
@@ -76,21 +79,22 @@ class SessionStore:
         async with self.sessions() as session:
             found = (
                 await session.execute(
-                    select(WebSession, User)
+                    select(WebSession, User, *OWNER_COLUMNS)
                     .join(User, User.id == WebSession.user_id)
+                    .outerjoin(PLANS, PLANS.c.id == User.plan_id)
                     .where(WebSession.id_hash == digest)
                 )
             ).first()
         if found is None:
             return None
-        row, user = found
+        row, user = found[0], found[1]
         if self._is_expired(row, now) or user.suspended:
             await self.end(token)
             return None
         if (now - row.last_seen_at).total_seconds() >= TOUCH_EVERY_S:
             async with self.sessions.begin() as session:
                 await session.execute(update(WebSession).where(WebSession.id_hash == digest).values(last_seen_at=now))
-        return SignedIn(token, Person.of(user), row.created_at)
+        return SignedIn(token, Person.of(user), row.created_at, Owner.of(found))
 
     async def end(self, token: str | None) -> None:
         if token and len(token) <= MAX_TOKEN_CHARS:
