@@ -45,10 +45,10 @@ def usage_numbers(limits: KeyLimits, usage: UserUsage | None, created_at: dateti
 
 async def usage_of(plans: Plans, user_id: int, now: datetime) -> dict[str, Any]:
     """A person's limits, models and usage (usage_numbers)."""
-    user, limits, models = await plans.person_limits(user_id)
+    owner = await plans.owner(user_id)
     async with plans.sessions() as session:
         usage = await session.get(UserUsage, user_id)
-    return {"models": models, **usage_numbers(limits, usage, user.created_at, now)}
+    return {"models": owner.models, **usage_numbers(owner.limits, usage, owner.since, now)}
 
 
 async def _page(

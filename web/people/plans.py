@@ -175,29 +175,22 @@ class Plans:
         async with self.sessions() as session:
             return PlanInfo.of(await self._row(session, plan_id))
 
-    async def person_limits(self, user_id: int) -> tuple[User, KeyLimits, tuple[str, ...]]:
-        """A person's row and effective limits (plan and overrides)."""
+    async def owner(self, user_id: int) -> Owner:
+        """A person as their requests run (standing, plan and overrides), in one query."""
         async with self.sessions() as session:
-            found = (
-                await session.execute(
-                    select(User, Plan).outerjoin(Plan, Plan.id == User.plan_id).where(User.id == user_id)
-                )
-            ).first()
-        if found is None:
+            row = (await session.execute(_PERSON, {"user_id": user_id})).first()
+        owner = None if row is None else Owner.of(row)
+        if owner is None:
             raise AuthenticationFailed("this API key's owner no longer exists")
-        user, plan = found
-        limits, models = effective(None if plan is None else PlanInfo.of(plan), json.loads(user.overrides or "{}"))
-        return user, limits, models
+        return owner
 
     async def apply(self, key: KeyInfo) -> KeyInfo:
-        """A person's key as its requests run (`run_as_owner`), in one query. An API key's own lookup and a
-        session's read their person in the same query as themselves (web/keys/service.py, web/people/sessions.py):
-        this is for the rest (a front end's person)."""
+        """A person's key as its requests run (`run_as_owner`). An API key's own lookup and a session's read their
+        person in the same query as themselves (web/keys/service.py, web/people/sessions.py): this is for the rest
+        (a front end's person)."""
         if key.user_id is None:
             return key
-        async with self.sessions() as session:
-            row = (await session.execute(_PERSON, {"user_id": key.user_id})).first()
-        return run_as_owner(key, None if row is None else Owner.of(row))
+        return run_as_owner(key, await self.owner(key.user_id))
 
     async def _row(self, session: AsyncSession, plan_id: int) -> Plan:
         row = await session.get(Plan, plan_id) if 0 < plan_id <= SQLITE_INT_MAX else None
