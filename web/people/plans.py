@@ -33,6 +33,7 @@ OWNER_COLUMNS = (
     _USERS.c.overrides.label("owner_overrides"),
     _USERS.c.created_at.label("owner_since"),
     PLANS.c.id.label("plan_id"),
+    PLANS.c.name.label("plan_name"),
     PLANS.c.models.label("plan_models"),
     *(PLANS.c[name].label(f"plan_{name}") for name in LIMIT_FIELDS),
 )
@@ -77,7 +78,6 @@ class Owner:
     """A person as their requests run: whether they may, under which limits and models, and their quota counted
     from when they were made."""
 
-    id: int
     may_run: bool  # neither suspended nor awaiting approval
     since: datetime
     limits: KeyLimits
@@ -91,10 +91,10 @@ class Owner:
         plan = None
         if row.plan_id is not None:
             limits = KeyLimits(*(getattr(row, f"plan_{name}") for name in LIMIT_FIELDS))
-            plan = PlanInfo(row.plan_id, "", limits, _models(row.plan_models))
+            plan = PlanInfo(row.plan_id, row.plan_name, limits, _models(row.plan_models))
         limits, models = effective(plan, json.loads(row.owner_overrides or "{}"))
         may_run = not row.owner_suspended and row.owner_role != "pending"
-        return cls(row.owner_id, may_run, row.owner_since, limits, models)
+        return cls(may_run, row.owner_since, limits, models)
 
 
 def run_as_owner(key: KeyInfo, owner: Owner | None) -> KeyInfo:
