@@ -20,8 +20,9 @@ from tests.web.conftest import ADMIN, ADMIN_PASSWORD, METRICS_TOKEN
 REPO = Path(__file__).resolve().parents[2]
 SHARED_MODEL_CACHE = REPO / "data" / "test-cache" / "llm-appliance" / "models"  # tests/conftest.py's XDG_DATA_HOME
 READY_TIMEOUT = 600.0
-# An admin API call checks the admin password with scrypt at its full cost in the server (about a second, several
-# on a loaded machine): httpx's default of 5 s is too short for that.
+# A server's first admin API call checks the admin password with scrypt at its full cost (about a second, several
+# on a loaded machine; later calls find the verdict in web/people/signin.py's memo): httpx's default of 5 s is too
+# short for that.
 ADMIN_TIMEOUT_S = 30.0
 
 
