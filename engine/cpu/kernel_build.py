@@ -3,7 +3,8 @@
 
 engine/cpu/csrc/paged_decode.c is built for one model's shape (-DHEAD_DIM, -DGROUP), element type (-DELEM_BF16,
 else float) and pool (-DKV_INT8 for an 8-bit one), so every inner loop has constant bounds and vectorises whole;
-engine/cpu/csrc/packed_linear.c once per weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16);
+engine/cpu/csrc/packed_linear.c once per weight form (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16) and
+rounding (-DROUND_BF16 for a model served in bfloat16);
 engine/cpu/csrc/layer_ops.c once. A build takes up to a second (more on a busy machine) and every engine start needs
 two or three, so each library is kept in $XDG_CACHE_HOME/llm-appliance/kernels under a name that hashes all it was
 built from: the sources, the flags, the compiler (path, size, time) and this CPU (-march=native). A directory that is
@@ -134,10 +135,15 @@ def build_kernel(
     return _build(SOURCE, FLAGS, shape, "paged_attention_rows", ARGTYPES)
 
 
-def build_packed_linear(form: str) -> tuple[Callable[..., int], float]:
-    """The packed linear layer's entry point for one weight form (engine.cpu.packed_linear), and its build's seconds."""
+def build_packed_linear(form: str, round_bf16: bool = False) -> tuple[Callable[..., int], float]:
+    """The packed linear layer's entry point for one weight form (engine.cpu.packed_linear), and its build's seconds.
+    round_bf16: the entry point for bfloat16 activations, each weight rounded to bfloat16 as it is widened
+    (engine.cpu.split_linear)."""
     if form not in LINEAR_FORMS:
         raise KernelBuildError(f"packed weights are {', '.join(LINEAR_FORMS)}, not {form}")
+    if round_bf16:  # packed_linear_bf16: x and y bfloat16
+        defines = [f"-DFORM_{form.upper()}", "-DROUND_BF16"]
+        return _build(LINEAR_SOURCE, FLAGS, defines, "packed_linear_bf16", LINEAR_ARGTYPES)
     return _build(LINEAR_SOURCE, FLAGS, [f"-DFORM_{form.upper()}"], "packed_linear", LINEAR_ARGTYPES)
 
 

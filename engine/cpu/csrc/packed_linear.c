@@ -6,8 +6,8 @@
  * bit (checked when the model loads) and packs it here; each product is then the same float32 multiply-adds, only
  * the weights cross the memory bus in their compact form and are widened in registers.
  *
- * Forms (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16), each in panels of 16 output features, k-major inside a panel so that
- * a panel widens straight into the [k][16] layout the multiply below reads:
+ * Forms (-DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F, -DFORM_BF16), each in panels of 16 output features,
+ * k-major inside a panel so that a panel widens straight into the [k][16] layout the multiply below reads:
  *   Q4:   per 32 k's: d[16] and m[16] (float16), then 32 x 8 bytes, byte j of row k holding q[k][j] in its low
  *         nibble and q[k][j + 8] in its high one; w = d * q + m (d * q is exact, so one rounding, as a GGUF Q4_1).
  *   Q8:   per 32 k's: d[16] (float16), then 32 x 16 int8; w = d * q (exact, as a GGUF Q8_0).
@@ -16,9 +16,13 @@
  *   Q8F:  per 32 k's: d[2][16] (float32; the first for k's 0..15, the second for 16..31), then 32 x 16 int8;
  *         w = d * q: GGUF's Q6_K, whose 16-weight sub-blocks are (d * sc) * (q - 32).
  *   BF16: per k: 16 bfloat16 (the upper halves of the float32 weights).
- * The multiply is a 6 x 16 register tile (12 vector accumulators of 8 floats) over a panel widened into scratch,
- * K taken in chunks that keep the scratch in L1. Written with GCC's vector extensions, so -march=native picks the
- * host's instructions (AVX2 + FMA on the machines this was measured on).
+ * With -DROUND_BF16 each widened weight is rounded to bfloat16 (to nearest, ties to even: what torch's cast does),
+ * so a model served in bfloat16 multiplies the very bf16 weights it would hold as a plain layer: its activations are
+ * bf16 (exact in float32), each product of two bf16 values is exact in float32, and only the order of the float32
+ * sums is this kernel's (engine/cpu/split_linear.py rounds the result to bf16, as oneDNN's bf16 layers do).
+ * The multiply is a tile of up to 6 rows x 16 outputs in registers (a panel row is one AVX-512 vector, else two
+ * of 8 floats) over a panel widened into scratch, K taken in chunks that keep the scratch in L1. Written with GCC's
+ * vector extensions, so -march=native picks the host's instructions (AVX2 + FMA, or AVX-512).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,55 +33,94 @@
 #define ROWS 6
 #define KC 256 /* k's per chunk: a widened chunk is KC * 16 floats = 16 KiB */
 
-typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
-typedef float f32x8a __attribute__((vector_size(32)));
-
+/* A panel row (16 floats) is NV vectors of W floats: one on AVX-512, two elsewhere. vec: a vector loaded or stored
+ * at any float's address; veca: one in registers. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define W 16
+typedef float vec __attribute__((vector_size(64), aligned(4)));
+typedef float veca __attribute__((vector_size(64)));
+typedef uint32_t uveca __attribute__((vector_size(64)));
+/* W float16 at p, widened. */
+static inline veca halves(const uint16_t *p) { return (veca)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* Vector h of a Q4 panel row whose 8 bytes are at p: byte j's low nibble is output j, its high nibble j + 8. */
+static inline veca nibbles(const uint8_t *p, int h) {
+    (void)h;
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
+    const __m512i wide = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(bytes, bytes)); /* bytes 0..7, twice */
+    const __m512i shifts = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+    return (veca)_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(wide, shifts), _mm512_set1_epi32(15)));
+}
+/* W signed bytes at p, as floats. */
+static inline veca signed_bytes(const int8_t *p) {
+    return (veca)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* W bfloat16 at p, widened. */
+static inline veca upper_halves(const uint16_t *p) {
+    return (veca)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+}
+#else
+#define W 8
+typedef float vec __attribute__((vector_size(32), aligned(4)));
+typedef float veca __attribute__((vector_size(32)));
+typedef uint32_t uveca __attribute__((vector_size(32)));
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
-/* Eight float16 at p, widened. */
-static inline f32x8a halves(const uint16_t *p) { return (f32x8a)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-/* Eight unsigned bytes at p, masked by `mask` after a right shift by `shift`, as floats. */
-static inline f32x8a nibbles(const uint8_t *p, int shift) {
+static inline veca halves(const uint16_t *p) { return (veca)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline veca nibbles(const uint8_t *p, int h) {
     const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return (f32x8a)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wide, shift), _mm256_set1_epi32(15)));
+    return (veca)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wide, 4 * h), _mm256_set1_epi32(15)));
 }
-static inline f32x8a signed_bytes(const int8_t *p) {
-    return (f32x8a)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+static inline veca signed_bytes(const int8_t *p) {
+    return (veca)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-static inline f32x8a upper_halves(const uint16_t *p) {
+static inline veca upper_halves(const uint16_t *p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return (f32x8a)_mm256_slli_epi32(wide, 16);
+    return (veca)_mm256_slli_epi32(wide, 16);
 }
 #else
 /* Plain C where the host lacks AVX2, F16C or FMA: the compiler vectorises what it can. */
-static inline f32x8a halves(const uint16_t *p) {
-    f32x8a v;
-    for (int i = 0; i < 8; ++i) {
-        _Float16 h;
-        memcpy(&h, p + i, sizeof h);
-        v[i] = (float)h;
+static inline veca halves(const uint16_t *p) {
+    veca v;
+    for (int i = 0; i < W; ++i) {
+        _Float16 f;
+        memcpy(&f, p + i, sizeof f);
+        v[i] = (float)f;
     }
     return v;
 }
-static inline f32x8a nibbles(const uint8_t *p, int shift) {
-    f32x8a v;
-    for (int i = 0; i < 8; ++i) v[i] = (float)((p[i] >> shift) & 15);
+static inline veca nibbles(const uint8_t *p, int h) {
+    veca v;
+    for (int i = 0; i < W; ++i) v[i] = (float)((p[i] >> (4 * h)) & 15);
     return v;
 }
-static inline f32x8a signed_bytes(const int8_t *p) {
-    f32x8a v;
-    for (int i = 0; i < 8; ++i) v[i] = (float)p[i];
+static inline veca signed_bytes(const int8_t *p) {
+    veca v;
+    for (int i = 0; i < W; ++i) v[i] = (float)p[i];
     return v;
 }
-static inline f32x8a upper_halves(const uint16_t *p) {
-    f32x8a v;
-    for (int i = 0; i < 8; ++i) {
+static inline veca upper_halves(const uint16_t *p) {
+    veca v;
+    for (int i = 0; i < W; ++i) {
         const uint32_t bits = (uint32_t)p[i] << 16;
         memcpy(&v[i], &bits, sizeof bits);
     }
     return v;
 }
 #endif
+#endif
+#define NV (PANEL / W)
+
+/* Stores W widened weights at dst: as they are, or (-DROUND_BF16) each rounded to bfloat16, to nearest with ties
+ * to even (the weights are finite), in the register before the store. */
+static inline void put(float *dst, veca v) {
+#ifdef ROUND_BF16
+    uveca bits = (uveca)v;
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+    v = (veca)bits;
+#endif
+    *(vec *)dst = v;
+}
 
 #if defined(FORM_Q4)
 #define BLOCK_BYTES (PANEL * 2 * 2 + BLOCK * PANEL / 2)
@@ -86,14 +129,12 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
     for (int64_t b = 0; b < n / BLOCK; ++b) {
         const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
         const uint16_t *scales = (const uint16_t *)block;
-        const f32x8a d_lo = halves(scales), d_hi = halves(scales + 8);
-        const f32x8a m_lo = halves(scales + 16), m_hi = halves(scales + 24);
         const uint8_t *codes = block + PANEL * 4;
         float *dst = out + b * BLOCK * PANEL;
-        for (int k = 0; k < BLOCK; ++k) {
-            *(f32x8 *)(dst + k * PANEL) = d_lo * nibbles(codes + k * 8, 0) + m_lo;
-            *(f32x8 *)(dst + k * PANEL + 8) = d_hi * nibbles(codes + k * 8, 4) + m_hi;
-        }
+        veca d[NV], m[NV];
+        for (int h = 0; h < NV; ++h) d[h] = halves(scales + h * W), m[h] = halves(scales + PANEL + h * W);
+        for (int k = 0; k < BLOCK; ++k)
+            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * nibbles(codes + k * 8, h) + m[h]);
     }
 }
 #elif defined(FORM_Q8)
@@ -101,13 +142,12 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
 static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
     for (int64_t b = 0; b < n / BLOCK; ++b) {
         const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        const f32x8a d_lo = halves((const uint16_t *)block), d_hi = halves((const uint16_t *)block + 8);
         const int8_t *codes = (const int8_t *)(block + PANEL * 2);
         float *dst = out + b * BLOCK * PANEL;
-        for (int k = 0; k < BLOCK; ++k) {
-            *(f32x8 *)(dst + k * PANEL) = d_lo * signed_bytes(codes + k * PANEL);
-            *(f32x8 *)(dst + k * PANEL + 8) = d_hi * signed_bytes(codes + k * PANEL + 8);
-        }
+        veca d[NV];
+        for (int h = 0; h < NV; ++h) d[h] = halves((const uint16_t *)block + h * W);
+        for (int k = 0; k < BLOCK; ++k)
+            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * signed_bytes(codes + k * PANEL + h * W));
     }
 }
 #elif defined(FORM_Q4F)
@@ -116,14 +156,12 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
     for (int64_t b = 0; b < n / BLOCK; ++b) {
         const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
         const float *scales = (const float *)block;
-        const f32x8a d_lo = *(const f32x8 *)scales, d_hi = *(const f32x8 *)(scales + 8);
-        const f32x8a m_lo = *(const f32x8 *)(scales + 16), m_hi = *(const f32x8 *)(scales + 24);
         const uint8_t *codes = block + PANEL * 8;
         float *dst = out + b * BLOCK * PANEL;
-        for (int k = 0; k < BLOCK; ++k) {
-            *(f32x8 *)(dst + k * PANEL) = d_lo * nibbles(codes + k * 8, 0) + m_lo;
-            *(f32x8 *)(dst + k * PANEL + 8) = d_hi * nibbles(codes + k * 8, 4) + m_hi;
-        }
+        veca d[NV], m[NV];
+        for (int h = 0; h < NV; ++h) d[h] = *(const vec *)(scales + h * W), m[h] = *(const vec *)(scales + PANEL + h * W);
+        for (int k = 0; k < BLOCK; ++k)
+            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * nibbles(codes + k * 8, h) + m[h]);
     }
 }
 #elif defined(FORM_Q8F)
@@ -135,11 +173,10 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
         const int8_t *codes = (const int8_t *)(block + PANEL * 8);
         float *dst = out + b * BLOCK * PANEL;
         for (int half = 0; half < 2; ++half) {
-            const f32x8a d_lo = *(const f32x8 *)(scales + half * PANEL), d_hi = *(const f32x8 *)(scales + half * PANEL + 8);
-            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; ++k) {
-                *(f32x8 *)(dst + k * PANEL) = d_lo * signed_bytes(codes + k * PANEL);
-                *(f32x8 *)(dst + k * PANEL + 8) = d_hi * signed_bytes(codes + k * PANEL + 8);
-            }
+            veca d[NV];
+            for (int h = 0; h < NV; ++h) d[h] = *(const vec *)(scales + half * PANEL + h * W);
+            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; ++k)
+                for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * signed_bytes(codes + k * PANEL + h * W));
         }
     }
 }
@@ -147,7 +184,7 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
 #define BLOCK_BYTES (BLOCK * PANEL * 2)
 static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
     const uint16_t *src = (const uint16_t *)panel + k0 * PANEL;
-    for (int64_t i = 0; i < n * PANEL; i += 8) *(f32x8 *)(out + i) = upper_halves(src + i);
+    for (int64_t i = 0; i < n * PANEL; i += W) put(out + i, upper_halves(src + i));
 }
 #else
 #error "build with -DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F or -DFORM_BF16"
@@ -156,49 +193,47 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
 /* c[r][0..16) (+)= sum over k < n of a[r][k] * b[k][0..16) for the R rows r < R (R constant, so the
  * accumulators stay in registers); columns >= cols are not written. A multiply-add waits 4 cycles for the one
  * before it on the same accumulator and two issue per cycle, so fewer than 8 accumulators leave the pipes idle:
- * tiles of 1 to 3 rows keep U partial sums (k, k + 1, ...) and add them up at the end (n is a multiple of 32). */
+ * small tiles keep U partial sums (k, k + 1, ...) and add them up at the end (U divides 32; n is a multiple of 32). */
 #define TILE(R, U)                                                                                                \
     static void tile_##R(const float *a, int64_t lda, const float *restrict b, int64_t n, float *c, int64_t ldc, \
                          int cols, int accumulate) {                                                              \
-        f32x8a acc[U][R][2];                                                                                      \
+        veca acc[U][R][NV];                                                                                       \
         for (int u = 0; u < U; ++u)                                                                               \
-            for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = (f32x8a){0};                                \
+            for (int r = 0; r < R; ++r)                                                                           \
+                for (int h = 0; h < NV; ++h) acc[u][r][h] = (veca){0};                                            \
         for (int64_t k = 0; k < n; k += U) {                                                                      \
             for (int u = 0; u < U; ++u) {                                                                         \
                 const float *bk = b + (k + u) * PANEL;                                                            \
-                const f32x8a b0 = *(const f32x8 *)bk, b1 = *(const f32x8 *)(bk + 8);                              \
+                veca bv[NV];                                                                                      \
+                for (int h = 0; h < NV; ++h) bv[h] = *(const vec *)(bk + h * W);                                  \
                 for (int r = 0; r < R; ++r) {                                                                     \
                     const float x = a[r * lda + k + u];                                                           \
-                    acc[u][r][0] += x * b0;                                                                       \
-                    acc[u][r][1] += x * b1;                                                                       \
+                    for (int h = 0; h < NV; ++h) acc[u][r][h] += x * bv[h];                                       \
                 }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
         for (int u = 1; u < U; ++u)                                                                               \
-            for (int r = 0; r < R; ++r) {                                                                         \
-                acc[0][r][0] += acc[u][r][0];                                                                     \
-                acc[0][r][1] += acc[u][r][1];                                                                     \
-            }                                                                                                     \
+            for (int r = 0; r < R; ++r)                                                                           \
+                for (int h = 0; h < NV; ++h) acc[0][r][h] += acc[u][r][h];                                        \
         for (int r = 0; r < R; ++r) {                                                                             \
             float *dst = c + r * ldc;                                                                             \
-            if (cols == PANEL && accumulate) {                                                                    \
-                *(f32x8 *)dst += acc[0][r][0];                                                                    \
-                *(f32x8 *)(dst + 8) += acc[0][r][1];                                                              \
-            } else if (cols == PANEL) {                                                                           \
-                *(f32x8 *)dst = acc[0][r][0];                                                                     \
-                *(f32x8 *)(dst + 8) = acc[0][r][1];                                                               \
+            if (cols == PANEL) {                                                                                  \
+                for (int h = 0; h < NV; ++h)                                                                      \
+                    *(vec *)(dst + h * W) = accumulate ? *(vec *)(dst + h * W) + acc[0][r][h] : acc[0][r][h];     \
             } else {                                                                                              \
                 for (int j = 0; j < cols; ++j)                                                                    \
-                    dst[j] = (accumulate ? dst[j] : 0.0f) + (j < 8 ? acc[0][r][0][j] : acc[0][r][1][j - 8]);      \
+                    dst[j] = (accumulate ? dst[j] : 0.0f) + acc[0][r][j / W][j % W];                              \
             }                                                                                                     \
         }                                                                                                         \
     }
-TILE(1, 4)
-TILE(2, 2)
-TILE(3, 2)
-TILE(4, 1)
-TILE(5, 1)
-TILE(6, 1)
+/* Partial sums per tile height: 8 accumulators or more where the rows alone make fewer. */
+#define U_FOR(R) ((R) * NV >= 8 ? 1 : (R) * NV >= 4 ? 2 : (R) * NV >= 2 ? 4 : 8)
+TILE(1, U_FOR(1))
+TILE(2, U_FOR(2))
+TILE(3, U_FOR(3))
+TILE(4, U_FOR(4))
+TILE(5, U_FOR(5))
+TILE(6, U_FOR(6))
 
 typedef void (*tile_fn)(const float *, int64_t, const float *restrict, int64_t, float *, int64_t, int, int);
 static const tile_fn TILES[ROWS + 1] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
@@ -238,3 +273,42 @@ int packed_linear(const float *x, int64_t ldx, const uint8_t *packed, const floa
     }
     return failed;
 }
+
+#ifdef ROUND_BF16
+/* The float nearest to bf16 bits: exact. */
+static inline float from_bf16(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* A float rounded to bfloat16, to nearest with ties to even, as torch's cast rounds it (a NaN stays a NaN). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* packed_linear for a model served in bfloat16: x [m][k] and y [m][n] bf16 (row strides ldx, ldy), the weights
+ * rounded to bf16 as they are widened, the sums float32 (bias [n] float32 included), each output rounded once. The
+ * activations are widened into a float32 copy and the outputs summed in a float32 one, both allocated here.
+ * 0 on success, 1 where memory ran out. */
+int packed_linear_bf16(const uint16_t *x, int64_t ldx, const uint8_t *packed, const float *bias, uint16_t *y,
+                       int64_t ldy, int64_t m, int64_t n, int64_t k, int threads) {
+    float *xf = malloc(sizeof(float) * m * k), *yf = malloc(sizeof(float) * m * n);
+    int failed = xf == NULL || yf == NULL;
+    if (!failed) {
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t i = 0; i < k; ++i) xf[r * k + i] = from_bf16(x[r * ldx + i]);
+        failed = packed_linear(xf, k, packed, bias, yf, n, m, n, k, threads);
+    }
+    if (!failed)
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < n; ++j) y[r * ldy + j] = to_bf16(yf[r * n + j]);
+    free(xf);
+    free(yf);
+    return failed;
+}
+#endif
