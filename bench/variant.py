@@ -10,7 +10,10 @@ from typing import Any
 
 from engine.config import EngineConfig
 
-OFF_NAMES = {"plain": "float32 weights unpacked (engine.cpu.packed_linear)", "hf": "transformers' forward"}
+OFF_NAMES = {
+    "plain": "no compact weights (float32: engine.cpu.packed_linear; bf16: a GGUF's blocks, engine.cpu.split_linear)",
+    "hf": "transformers' forward",
+}
 # EngineConfig fields a benchmark may take from its command line, when its parser has them.
 FROM_ARGS = (
     "model",

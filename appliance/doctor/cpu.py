@@ -18,9 +18,10 @@ VLLM = "not the engine's: vLLM is the engine (APPLIANCE_ENGINE)"
 SUMMARY = {
     Linears.COMPACT: "compact weights",
     Linears.PREPACKED: "prepacked weights",
+    Linears.SPLIT: "compact and prepacked weights",
     Forward.OWN: "the engine's own forward",
 }
-BUILT = {Attention.COMPILED, Linears.COMPACT, Forward.OWN}
+BUILT = {Attention.COMPILED, Linears.COMPACT, Linears.SPLIT, Forward.OWN}
 Built = Literal["attention", "linears", "forward"]
 
 
@@ -68,6 +69,7 @@ class CpuFindings:
         builds: list[tuple[Built, StrEnum, Callable[[], float]]] = [
             ("attention", Attention.COMPILED, lambda: build_kernel(dtype, 64, 1, 1)[1]),
             ("linears", Linears.COMPACT, lambda: build_packed_linear("q4")[1]),
+            ("linears", Linears.SPLIT, lambda: build_packed_linear("q4", round_bf16=True)[1]),
             ("forward", Forward.OWN, lambda: build_layer_ops().build_s),
         ]
         for what, choice, build in builds:

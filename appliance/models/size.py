@@ -53,6 +53,8 @@ class Shape:
     cpu_float32_bytes: int | None = None  # a GGUF's weights as the engine keeps them on a CPU in float32
     largest_fallback: int = 0  # a GGUF's largest linear weight no packed form holds, as float32 bytes
     largest_linear: int = 0  # a GGUF's largest linear weight bitsandbytes quantizes, in weights
+    cpu_blocks_bytes: int = 0  # a GGUF's linear weights in the blocks the packed kernel multiplies: kept on a CPU in
+    # bfloat16 beside the bf16 weights (engine/cpu/split_linear.py), unless the load measures them never faster
 
     def weights_bytes(self, quantization: str, dtype_bytes: int) -> int:
         per_param = QUANTIZED_BYTES_PER_PARAM.get(quantization, dtype_bytes)
@@ -156,7 +158,7 @@ def _from_gguf(path: Path) -> Shape:
     linear = layers * (attention + 3 * hidden * int(field(f"{arch}.feed_forward_length")))
     tied = "output.weight" not in header.tensor_names
     embeddings = header.array_lengths.get("tokenizer.ggml.tokens", 0) * hidden * (1 if tied else 2)
-    compact, fallback, largest = 0, 0, 0
+    compact, fallback, largest, blocks = 0, 0, 0, 0
     for name, (kind, dims) in header.tensors.items():
         count = math.prod(dims)
         if name.startswith("blk.") and len(dims) == 2:
@@ -164,11 +166,13 @@ def _from_gguf(path: Path) -> Shape:
         packed = PACKED_BYTES_PER_WEIGHT.get(kind) if len(dims) == 2 else None
         if name == "token_embd.weight":  # the embedding stays float32; a tied head is packed from it
             compact += 4 * count + (int((packed or 4) * count) if tied else 0)
+            blocks += int(packed * count) if tied and packed else 0
         elif packed is None:
             compact += 4 * count
             fallback = max(fallback, 4 * count if len(dims) == 2 else 0)
         else:
             compact += int(packed * count)
+            blocks += int(packed * count)
     return Shape(
         params=linear + embeddings,
         linear_params=linear,
@@ -179,6 +183,7 @@ def _from_gguf(path: Path) -> Shape:
         cpu_float32_bytes=compact,
         largest_fallback=fallback,
         largest_linear=largest,
+        cpu_blocks_bytes=blocks,
     )
 
 
@@ -211,6 +216,8 @@ def memory_need(
     if shape.cpu_float32_bytes is not None and quantization == "none":
         if not gpu and dtype_bytes == 4:
             weights = shape.cpu_float32_bytes
+        elif not gpu:  # 16 bits: the blocks counted as kept beside them (they are where the CPU has oneDNN's bf16)
+            weights += shape.cpu_blocks_bytes
         peak = (0 if gpu else weights) + STREAM_LOAD_BYTES + FALLBACK_COPIES * shape.largest_fallback
     elif shape.cpu_float32_bytes is not None and gpu:  # bitsandbytes quantizes it as it streams
         peak = STREAM_LOAD_BYTES + shape.largest_linear * dtype_bytes

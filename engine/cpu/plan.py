@@ -35,6 +35,7 @@ class Attention(StrEnum):
 class Linears(StrEnum):
     COMPACT = "compact"  # engine.cpu.packed_linear
     PREPACKED = "prepacked"  # engine.cpu.prepack
+    SPLIT = "compact, then prepacked"  # engine.cpu.split_linear: a GGUF's blocks at small batches
     PLAIN = "plain"
 
 
@@ -101,7 +102,8 @@ class CpuPlan:
             return self.settled(attention=Decision(Attention.TORCH, why, fallback=True))
         if what == "linears":
             why = f"slower: the packed kernel does not build: {exc}"
-            return self.settled(linears=Decision(Linears.PLAIN, why, fallback=True))
+            kept = Linears.PREPACKED if self.linears.choice is Linears.SPLIT else Linears.PLAIN
+            return self.settled(linears=Decision(kept, why, fallback=True))
         why = f"slower: its operations do not build: {exc}"
         return self.settled(forward=Decision(Forward.TRANSFORMERS, why, fallback=True))
 
@@ -191,8 +193,17 @@ def _linears(config: EngineConfig, dtype: str, machine: Machine) -> Decision[Lin
         if machine.onednn_bf16 is False:
             return Decision(Linears.PLAIN, "in bfloat16, and torch's oneDNN has no bf16 linear on this CPU")
         where = "" if machine.onednn_bf16 else ", where torch's oneDNN has a bf16 linear"
-        return Decision(Linears.PREPACKED, f"in bfloat16: weights laid out once for oneDNN{where}")
-    return Decision(Linears.PLAIN, f"compact weights are for float32 and prepacking for bfloat16, not {dtype}")
+        prepacked = f"in bfloat16: weights laid out once for oneDNN{where}"
+        if not config.compact_weights:
+            return Decision(Linears.PREPACKED, f"{prepacked}; compact weights off (APPLIANCE_COMPACT_WEIGHTS)")
+        if machine.compiler is None:
+            return Decision(Linears.PREPACKED, f"{prepacked}; slower at small batches: {NO_COMPILER}", fallback=True)
+        return Decision(
+            Linears.SPLIT,
+            f"{prepacked}, and a GGUF's blocks kept for the small batches where they measure faster at load, where "
+            "the kernel builds",
+        )
+    return Decision(Linears.PLAIN, f"compact weights and prepacking are for float32 and bfloat16, not {dtype}")
 
 
 def _forward(config: EngineConfig, dtype: str, architecture: str | None, machine: Machine) -> Decision[Forward]:

@@ -6,10 +6,12 @@ tensor-name map and its reversal of llama.cpp's Q/K row permutation (applied to 
 to values). On a CPU in float32 a linear layer keeps the file's blocks where a form of engine.cpu.packed_linear
 holds them exactly: Q4_1 -> q4, Q8_0 and Q4_0 -> q8, Q4_K -> q4f, Q6_K -> q8f. Every other type (Q5_K, F16, ...)
 is dequantized a few rows at a time, then packed if some form holds it exactly, else kept as it is; so are all
-weights on other devices and dtypes. Each packed chunk is checked against gguf's own dequantization, which is what
-transformers' GGUF load computes. The pages of a tensor once read are handed back to the kernel, so the process
-holds the final weights, one tensor's transient and little of the file. The packed result is cached beside the
-config (its final form, never float32 whole), so later starts skip the repacking.
+weights on other devices and dtypes but one: on a CPU in bfloat16 a layer of those block types keeps its blocks
+beside its bf16 weight (engine.cpu.split_linear, the weight laid out for oneDNN). Each packed chunk is checked
+against gguf's own dequantization, which is what transformers' GGUF load computes. The pages of a tensor once read
+are handed back to the kernel, so the process holds the final weights, one tensor's transient and little of the
+file. In float32 the packed result is cached beside the config (its final form, never float32 whole), so later
+starts skip the repacking.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from transformers.modeling_gguf_pytorch_utils import (
 
 from engine.cpu.kernel_build import build_packed_linear
 from engine.cpu.packed_linear import PackedLinear, pack_blocks, pack_exactly
+from engine.cpu.split_linear import SplitLinear
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -52,6 +55,7 @@ __all__ = ["GGUFStreamUnsupported", "Reader", "load_gguf", "quick_gguf_reads"]
 
 Q = GGMLQuantizationType
 NATIVE = {Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q4_0: "q8", Q.Q4_K: "q4f", Q.Q6_K: "q8f"}
+NATIVE_TYPES = ", ".join(t.name for t in NATIVE)
 # Processors that only rename and permute rows; the others (MoE splits, norm offsets) change values or shapes.
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)
 CACHE_NAME = "cpu-float32.safetensors"  # the weights in the engine's form on a CPU in float32
@@ -77,8 +81,8 @@ def load_gguf(
     quantizer: LayerQuantizer | None = None,
 ) -> tuple[PreTrainedModel, Counter[str]]:
     """The model of `path` (its config and tokenizer already saved in config_dir), and how many linear layers took
-    each packed form. compact: pack linear layers (a CPU in float32, the kernel built). quantizer: bitsandbytes
-    quantizes each linear layer's weight as it is read (never with compact)."""
+    each packed form. compact: pack linear layers (a CPU in float32, or split ones in bfloat16; the kernel built).
+    quantizer: bitsandbytes quantizes each linear layer's weight as it is read (never with compact)."""
     quick_gguf_reads()
     hf_config = AutoConfig.from_pretrained(config_dir)
     extra = {"attn_implementation": attn} if attn else {}
@@ -87,7 +91,8 @@ def load_gguf(
     if quantizer is not None:
         quantizer.prepare(model)
     cached = config_dir / CACHE_NAME
-    if compact and cached.is_file() and (counts := _from_cache(model, cached)) is not None:
+    cacheable = compact and dtype == torch.float32
+    if cacheable and cached.is_file() and (counts := _from_cache(model, cached)) is not None:
         return _checked(model, path, counts, device)
     reader = Reader(path)
     arch = read_field(reader, "general.architecture")[0]
@@ -113,17 +118,20 @@ def load_gguf(
             if quantizer is not None and quantizer.takes(module, attr):
                 quantizer.quantize(module, _row_chunks(tensor, rows))
                 continue
-            found = _packed(tensor, rows) if as_linear else None
+            found = _packed(tensor, rows, dtype) if as_linear else None
+            if found is not None and found[2] is not None:  # split: the blocks, and the weight in dtype
+                setattr(module, attr, nn.Parameter(found[2], requires_grad=False))
             if found is None:
                 values = _dequantized(tensor, rows, dtype, device).view(module.get_parameter(attr).shape)
-                found = pack_exactly(values) if as_linear else None
-                if found is None:
+                exact = pack_exactly(values) if as_linear else None
+                if exact is None:
                     setattr(module, attr, nn.Parameter(values, requires_grad=False))
                     continue
-            packed.append((module_name, *found))
+                found = (*exact, None)
+            packed.append((module_name, found[0], found[1]))
         _release(reader, tensor)
-    counts = _replace(model, packed)
-    if compact:
+    counts = _replace(model, packed, dtype)
+    if cacheable:
         _save_cache(model, cached)
     else:
         model.tie_weights()
@@ -218,7 +226,7 @@ def _from_cache(model: nn.Module, cached: Path) -> Counter[str] | None:
         module_name, attr = key.rsplit(".", 1)
         if attr != "packed":  # a packed layer's bias goes on its nn.Linear first, which PackedLinear takes over
             setattr(model.get_submodule(module_name), attr, nn.Parameter(value, requires_grad=False))
-    return _replace(model, [(name, form, tensors[f"{name}.packed"]) for name, form in forms.items()])
+    return _replace(model, [(name, form, tensors[f"{name}.packed"]) for name, form in forms.items()], torch.float32)
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:
@@ -258,12 +266,16 @@ def _dequantized(tensor: ReaderTensor, rows: np.ndarray, dtype: torch.dtype, dev
     return out
 
 
-def _packed(tensor: ReaderTensor, rows: np.ndarray) -> tuple[str, torch.Tensor] | None:
-    """(form, packed bytes) straight from the tensor's blocks, or None where no form takes its type as it is."""
+def _packed(
+    tensor: ReaderTensor, rows: np.ndarray, dtype: torch.dtype
+) -> tuple[str, torch.Tensor, torch.Tensor | None] | None:
+    """(form, packed bytes, the weight in dtype unless that is float32) straight from the tensor's blocks, or None
+    where no form takes its type as it is."""
     form = NATIVE.get(tensor.tensor_type)
     if form is None or tensor.data.ndim != 2:
         return None
     out: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
     step = _chunks(tensor)  # a multiple of 16 rows: a chunk's panels are the packed tensor's next panels
     for start in range(0, len(rows), step):
         raw = tensor.data[rows[start : start + step]]
@@ -273,14 +285,19 @@ def _packed(tensor: ReaderTensor, rows: np.ndarray) -> tuple[str, torch.Tensor] 
         if offsets is not None:
             offsets = offsets.reshape(len(raw), -1)
             widened += offsets[..., None]
-        if not torch.equal(widened.view(len(raw), -1), torch.from_numpy(dequantize(raw, tensor.tensor_type))):
+        values = widened.view(len(raw), -1)
+        if not torch.equal(values, torch.from_numpy(dequantize(raw, tensor.tensor_type))):
             return None  # not what transformers computes from these bytes: dequantize instead
         chunk = pack_blocks(form, codes, scales, offsets)
         per_panel = chunk.numel() // -(-len(raw) // 16)
         if out is None:
             out = torch.empty(per_panel * -(-len(rows) // 16), dtype=torch.uint8)
         out[start // 16 * per_panel : start // 16 * per_panel + chunk.numel()] = chunk
-    return None if out is None else (form, out)
+        if dtype != torch.float32:
+            if weight is None:
+                weight = torch.empty(len(rows), values.shape[1], dtype=dtype)
+            weight[start : start + len(raw)] = values  # rounded as transformers' load rounds it
+    return None if out is None else (form, out, weight)
 
 
 def _fp16(raw: np.ndarray) -> torch.Tensor:
@@ -335,13 +352,16 @@ BLOCKS: dict[int, Callable[[np.ndarray], Blocks]] = {
 }
 
 
-def _replace(model: nn.Module, packed: list[tuple[str, str, torch.Tensor]]) -> Counter[str]:
-    kernels = {form: build_packed_linear(form)[0] for form in sorted({form for _, form, _ in packed})}
+def _replace(model: nn.Module, packed: list[tuple[str, str, torch.Tensor]], dtype: torch.dtype) -> Counter[str]:
+    """Each named nn.Linear made a PackedLinear (float32) or a SplitLinear (bfloat16: its weight already set)."""
+    split = dtype == torch.bfloat16
+    kernels = {form: build_packed_linear(form, split)[0] for form in sorted({form for _, form, _ in packed})}
+    layer = SplitLinear if split else PackedLinear
     counts: Counter[str] = Counter()
     for name, form, data in packed:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, PackedLinear(getattr(parent, child), form, data, kernels[form]))
+        setattr(parent, child, layer(getattr(parent, child), form, data, kernels[form]))
         counts[form] += 1
     return counts
 

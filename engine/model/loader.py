@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -21,9 +22,10 @@ from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, de
 from engine.cpu.packed_linear import pack_linears
 from engine.cpu.plan import CpuPlan, Decision, Linears, cpu_plan, this_machine
 from engine.cpu.prepack import onednn_bf16, prepack_linears
+from engine.cpu.split_linear import SplitLinear, crossover, split_at
 from engine.errors import ModelLoadError
 from engine.model.bnb import LayerQuantizer, bnb_config
-from engine.model.gguf_load import quick_gguf_reads
+from engine.model.gguf_load import NATIVE_TYPES, quick_gguf_reads
 from engine.model.gguf_source import converted_gguf, gguf_name, gguf_path, streamed_gguf
 from engine.model.load_progress import Progress, bars_as_lines, step
 from engine.model.model_cache import gguf_cache_dir, is_complete, staging_dir
@@ -113,9 +115,12 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     plan = cpu_plan(config, device.type, _name(dtype), type(model).__name__, this_machine(onednn_bf16()))
-    if plan.linears.choice is Linears.PREPACKED:
+    if plan.linears.choice in (Linears.PREPACKED, Linears.SPLIT):
         with step("laying out the linear layers for oneDNN"):
             report(f"prepacked {prepack_linears(model)} bf16 linear layers for oneDNN")
+    if plan.linears.choice is Linears.SPLIT:
+        with step("timing the linear layers' compact blocks against oneDNN's layout"):
+            plan = _split(plan, model, streamed, report)
     if plan.linears.choice is Linears.COMPACT:
         with step("packing the linear layers' weights"):
             plan = _compacted(plan, streamed + pack_linears(model), report)
@@ -159,13 +164,32 @@ def _compacted(plan: CpuPlan, counts: Counter[str], report: Progress) -> CpuPlan
     return plan.settled(linears=Decision(Linears.COMPACT, f"{plan.linears.reason}: {forms}"))
 
 
+def _split(plan: CpuPlan, model: nn.Module, counts: Counter[str], report: Progress) -> CpuPlan:
+    """The plan with the split layers' outcome: up to how many rows the blocks are multiplied (measured here), or
+    prepacked alone where no layer kept blocks or they were never the faster."""
+    layers = [m for m in model.modules() if isinstance(m, SplitLinear)]
+    prepacked = "in bfloat16, weights laid out once for oneDNN"
+    if not layers:
+        why = f"{prepacked}: no layer came as blocks the compact kernel multiplies (a GGUF's {NATIVE_TYPES})"
+        return plan.settled(linears=Decision(Linears.PREPACKED, why))
+    found = crossover(layers, plan.threads.choice)
+    split_at(layers, found.rows)
+    report(f"{found.summary()}: the blocks up to {found.rows} rows")
+    if found.rows == 0:
+        why = f"{prepacked}: a GGUF's blocks were never the faster ({found.summary()})"
+        return plan.settled(linears=Decision(Linears.PREPACKED, why))
+    forms = ", ".join(f"{form} {n}" for form, n in sorted(counts.items()))
+    why = f"a GGUF's blocks ({forms}) up to {found.rows} rows, oneDNN's layout above ({found.summary()})"
+    return plan.settled(linears=Decision(Linears.SPLIT, why))
+
+
 def _gguf_model(
     gguf: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype, attn: str | None, report: Progress
 ) -> tuple[PreTrainedModel, Path, Counter[str]]:
     """A GGUF tensor by tensor, its blocks packed where the CPU plan packs linear layers, or quantized by
     bitsandbytes as they are read; converted whole where the streamed load cannot take the file."""
     linears = cpu_plan(config, device.type, _name(dtype), None, this_machine(onednn_bf16())).linears
-    compact = linears.choice is Linears.COMPACT
+    compact = linears.choice in (Linears.COMPACT, Linears.SPLIT)
     quantizer = None if config.quantization == "none" else LayerQuantizer(config.quantization, dtype, device)
     loaded = streamed_gguf(
         gguf, config.model_cache_dir, device, dtype, compact and quantizer is None, attn, quantizer, report

@@ -131,6 +131,12 @@ def test_an_8b_q4_k_m_gguf_loads_on_a_cpu_within_1_3_times_its_packed_weights(tm
     settings = load_settings({"APPLIANCE_DATA_DIR": str(tmp_path)})
     fits = fit(shape, settings, Machine(False, 20 * GIB, "none", "float32"))
     assert fits.fits and fits.load_peak == need.load_peak
+    # In bfloat16 the linear layers keep their blocks beside the bf16 weights (engine/cpu/split_linear.py): the
+    # packed forms of the float32 count less its float32 embedding.
+    assert shape.cpu_blocks_bytes == shape.cpu_float32_bytes - 4 * 128256 * 4096  # type: ignore[operator]
+    in_bf16 = memory_need(shape, "none", 2, max_model_len=8192, gpu=False)
+    assert in_bf16.weights == shape.weights_bytes("none", 2) + shape.cpu_blocks_bytes
+    assert not fit(shape, settings, Machine(False, 20 * GIB, "none", "bfloat16")).fits  # 15 GiB of bf16 + 5.9 of blocks
 
 
 def test_bitsandbytes_on_a_gguf_needs_ram_for_one_layer_beside_the_gpu(tmp_path: Path) -> None:

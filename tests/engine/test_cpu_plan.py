@@ -44,11 +44,19 @@ def test_avx2_in_float32_compacts_the_weights_and_compiles_attention_and_the_for
     ]
 
 
-def test_avx512_bf16_in_bfloat16_prepacks_and_compiles_attention_with_the_engines_forward() -> None:
+def test_avx512_bf16_in_bfloat16_splits_the_layers_and_compiles_attention_with_the_engines_forward() -> None:
     p = plan(AVX512_BF16, "bfloat16")
     assert p.threads.choice == 7
     assert p.attention.choice is Attention.COMPILED
-    assert p.linears.choice is Linears.PREPACKED and p.linears.reason.startswith("in bfloat16")
+    assert p.linears.choice is Linears.SPLIT and p.linears.reason.startswith("in bfloat16")
+    assert "a GGUF's blocks kept for the small batches where they measure faster at load" in p.linears.reason
+    off = plan(AVX512_BF16, "bfloat16", compact_weights=False).linears
+    assert off.choice is Linears.PREPACKED and "compact weights off (APPLIANCE_COMPACT_WEIGHTS)" in off.reason
+    bare = plan(Machine(AVX512_BF16.flags, 8, None, onednn_bf16=True), "bfloat16").linears
+    assert bare.choice is Linears.PREPACKED and bare.fallback
+    assert "slower at small batches: no C compiler" in bare.reason
+    unbuilt = p.unbuilt("linears", KernelBuildError("cc failed: boom")).linears
+    assert unbuilt.choice is Linears.PREPACKED and unbuilt.fallback and "boom" in unbuilt.reason
     assert p.forward.choice is Forward.OWN and "in bfloat16 on a CPU" in p.forward.reason
     half = plan(AVX512_BF16, "float16")
     assert half.forward.choice is Forward.TRANSFORMERS
@@ -60,8 +68,7 @@ def test_bfloat16_where_torch_has_no_onednn_bf16_linear_stays_plain() -> None:
     assert p.linears.choice is Linears.PLAIN and "no bf16 linear" in p.linears.reason
     unasked = plan(Machine(frozenset(), 2, "/usr/bin/cc", onednn_bf16=None), "bfloat16")  # the doctor's view
     assert (
-        unasked.linears.choice is Linears.PREPACKED
-        and "where torch's oneDNN has a bf16 linear" in unasked.linears.reason
+        unasked.linears.choice is Linears.SPLIT and "where torch's oneDNN has a bf16 linear" in unasked.linears.reason
     )
 
 

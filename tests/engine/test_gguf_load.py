@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,15 @@ from gguf import GGMLQuantizationType
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.gguf_load import SHAPES, bundled_gguf, q4_k_m, write_random_llama
+from engine import EngineConfig, SamplingParams
+from engine.core import EngineCore
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
+from engine.cpu.plan import Linears
+from engine.cpu.prepack import PrepackedLinear, onednn_bf16
+from engine.cpu.split_linear import Crossover, SplitLinear
+from engine.model import loader
+from engine.model.gguf_load import CACHE_NAME
+from tests.engine.test_conformance import argmaxes, generate
 
 try:
     build_packed_linear("q4f")
@@ -96,6 +105,48 @@ def test_a_k_quant_gguf_loads_in_bounded_memory_with_transformers_greedy_tokens(
     ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
     expected = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)[0, ids.shape[1] :]
     assert engine["tokens"] == expected.tolist()
+
+
+@pytest.mark.skipif(not onednn_bf16(), reason="this CPU's torch has no oneDNN bf16 linear")
+def test_in_bfloat16_the_blocks_stay_beside_onednns_layout_and_agree_with_transformers_bf16(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Served in bfloat16, the layers of a type the kernel multiplies keep their blocks (Q5_K's are laid out for
+    oneDNN alone) and, with every row through the blocks (the crossover is this machine's to measure: set here),
+    the engine's greedy choice after each prefix of transformers' bf16 continuations agrees with transformers'
+    bf16 eager one at least as often as transformers' SDPA does (tests/engine/test_conformance.py's bar)."""
+    monkeypatch.setattr(loader, "crossover", lambda layers, threads: Crossover(64, ((1, 1.0, 2.0), (64, 3.0, 4.0))))
+    config = EngineConfig(model=str(tiny_gguf), cache_dir=tmp_path, quantization="none", dtype="bfloat16",
+                          device="cpu", num_kv_blocks=64, enable_prefix_caching=False)  # fmt: skip
+    core = EngineCore(config)
+    modules = list(core.loaded.model.modules())
+    split = [m for m in modules if isinstance(m, SplitLinear)]
+    assert Counter(m.form for m in split) == {"q4f": 8, "q8f": 4, "q8": 2} and all(m.compact_rows == 64 for m in split)
+    inside = {id(m.prepacked) for m in split}
+    assert len([m for m in modules if isinstance(m, PrepackedLinear) and id(m) not in inside]) == 1  # Q5_K
+    assert core.cpu_plan.linears.choice is Linears.SPLIT
+    assert core.cpu_plan.linears.reason.startswith("a GGUF's blocks (q4f 8, q8 2, q8f 4) up to 64 rows")
+    assert not (tmp_path / "gguf").exists() or not list(tmp_path.rglob(CACHE_NAME))  # float32's cache only
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.bfloat16)
+    prompts = [PROMPT, "Once upon a time there was", "def add(a, b):"]
+    sequences = []
+    for text in prompts:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        sequences.append((ids.shape[1], model.generate(ids, max_new_tokens=12, do_sample=False)[0].tolist()))
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=0)
+    requests = [(f"tf-{i}-{p}", seq[:p], params) for i, (first, seq) in enumerate(sequences)
+                for p in range(first, len(seq))]  # fmt: skip
+    got = generate(core, requests)
+    engine_choices = [got[rid][0].token_id for rid, _, _ in requests]
+    eager, sdpa = [], []
+    for first, seq in sequences:
+        eager += argmaxes(model, seq, first, "eager")
+        sdpa += argmaxes(model, seq, first, "sdpa")
+    engine_agree = sum(a == b for a, b in zip(engine_choices, eager, strict=True))
+    floor = sum(a == b for a, b in zip(sdpa, eager, strict=True))
+    assert engine_agree >= floor - 1, f"{engine_agree}/{len(eager)} against transformers' sdpa {floor}"
 
 
 @pytest.fixture
