@@ -10,7 +10,8 @@ AMX or AVX512-BF16 kernels win once a step has rows enough. Where one overtakes 
 is measured at load (`crossover`) on the model's own layer shapes, and the CPU plan says what it found.
 
 Measured on a 2-core Intel Xeon with AMX, one thread, the bundled model's 211 layers, ms at 1/2/4/8/16/32 rows: the
-blocks in bf16 34.3/35.0/37.6/43.3/64.9/103.4, oneDNN's prepacked layout 44.1/44.0/45.2/34.7/48.5/51.4.
+blocks in bf16 28.4/31.5/35.8/48.7/70.5/114.9 (bf16 pairs, vdpbf16ps; rounded float32 weights and float32
+multiply-adds took 34.3/35.0/37.6/43.3/64.9/103.4), oneDNN's prepacked layout 39.0/37.8/38.1/39.6/40.1/45.7.
 """
 
 from __future__ import annotations
@@ -41,18 +42,24 @@ class SplitLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.form = form
-        self.prepacked = PrepackedLinear(linear)
+        laid_out = PrepackedLinear(linear)  # its weight and bias, called here without a module call between
+        self.laid_out = nn.Buffer(laid_out.packed, persistent=False)
+        self.bias = None if laid_out.bias is None else nn.Buffer(laid_out.bias, persistent=False)
         self.blocks: torch.Tensor | None = nn.Buffer(packed, persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # bf16: exact in float32
-        self.bias = None if bias is None else nn.Buffer(bias, persistent=False)
+        self.bias_f32 = None if bias is None else nn.Buffer(bias, persistent=False)
         self._kernel = kernel
         self.compact_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.blocks is None or rows.shape[0] > self.compact_rows:
-            return self.prepacked(x)
-        return self.compact(rows).view(*x.shape[:-1], self.out_features)
+        small = self.blocks is not None and rows.shape[0] <= self.compact_rows
+        y = self.compact(rows) if small else self.prepacked(rows)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def prepacked(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [m, in] in bfloat16 times the weight in oneDNN's layout (engine.cpu.prepack): [m, out]."""
+        return torch.ops.mkldnn._linear_pointwise(rows, self.laid_out, self.bias, "none", [], "")
 
     def compact(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [m, in] in bfloat16 times the blocks: [m, out] in bfloat16."""
@@ -64,7 +71,7 @@ class SplitLinear(nn.Module):
             rows.data_ptr(),
             rows.stride(0),
             self.blocks.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
+            None if self.bias_f32 is None else self.bias_f32.data_ptr(),
             y.data_ptr(),
             y.stride(0),
             rows.shape[0],

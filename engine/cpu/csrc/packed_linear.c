@@ -110,11 +110,22 @@ static inline veca upper_halves(const uint16_t *p) {
 #endif
 #endif
 #define NV (PANEL / W)
+/* A bf16 build on a CPU with AVX512-BF16 multiplies bf16 pairs (vdpbf16ps: two products, each exact in float32,
+ * added to the float32 sum in turn, with denormals taken as zero): the weights are widened, then rounded to bf16
+ * and interleaved by k pairs in scratch; the activations are read as they come. */
+#if defined(ROUND_BF16) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define PAIRS 1
+typedef uint16_t xelem;  /* an activation: bf16 */
+typedef uint16_t selem;  /* a widened weight in scratch: bf16, k pairs interleaved */
+#else
+typedef float xelem;
+typedef float selem;
+#endif
 
-/* Stores W widened weights at dst: as they are, or (-DROUND_BF16) each rounded to bfloat16, to nearest with ties
- * to even (the weights are finite), in the register before the store. */
+/* Stores W widened weights at dst: as they are, or (-DROUND_BF16 without PAIRS) each rounded to bfloat16, to
+ * nearest with ties to even (the weights are finite), in the register before the store. */
 static inline void put(float *dst, veca v) {
-#ifdef ROUND_BF16
+#if defined(ROUND_BF16) && !defined(PAIRS)
     uveca bits = (uveca)v;
     bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
     v = (veca)bits;
@@ -190,12 +201,25 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
 #error "build with -DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F or -DFORM_BF16"
 #endif
 
+/* One row of a tile's result (NV vectors) at dst: stored, or added to what is there; columns >= cols untouched. */
+static inline void store_row(float *dst, const veca *acc, int cols, int accumulate) {
+    if (cols == PANEL) {
+        for (int h = 0; h < NV; ++h) *(vec *)(dst + h * W) = accumulate ? *(vec *)(dst + h * W) + acc[h] : acc[h];
+    } else {
+        for (int j = 0; j < cols; ++j) dst[j] = (accumulate ? dst[j] : 0.0f) + acc[j / W][j % W];
+    }
+}
+
+/* Partial sums per tile height: 8 accumulators or more where the rows alone make fewer. A multiply-add waits 4
+ * cycles for the one before it on the same accumulator and two issue per cycle, so fewer than 8 leave the pipes
+ * idle: small tiles keep U partial sums (k, k + 1, ...) and add them up at the end (U divides 16). */
+#define U_FOR(R) ((R) * NV >= 8 ? 1 : (R) * NV >= 4 ? 2 : (R) * NV >= 2 ? 4 : 8)
+
+#ifndef PAIRS
 /* c[r][0..16) (+)= sum over k < n of a[r][k] * b[k][0..16) for the R rows r < R (R constant, so the
- * accumulators stay in registers); columns >= cols are not written. A multiply-add waits 4 cycles for the one
- * before it on the same accumulator and two issue per cycle, so fewer than 8 accumulators leave the pipes idle:
- * small tiles keep U partial sums (k, k + 1, ...) and add them up at the end (U divides 32; n is a multiple of 32). */
+ * accumulators stay in registers); n is a multiple of 32. */
 #define TILE(R, U)                                                                                                \
-    static void tile_##R(const float *a, int64_t lda, const float *restrict b, int64_t n, float *c, int64_t ldc, \
+    static void tile_##R(const xelem *a, int64_t lda, const selem *restrict b, int64_t n, float *c, int64_t ldc, \
                          int cols, int accumulate) {                                                              \
         veca acc[U][R][NV];                                                                                       \
         for (int u = 0; u < U; ++u)                                                                               \
@@ -215,19 +239,56 @@ static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict o
         for (int u = 1; u < U; ++u)                                                                               \
             for (int r = 0; r < R; ++r)                                                                           \
                 for (int h = 0; h < NV; ++h) acc[0][r][h] += acc[u][r][h];                                        \
-        for (int r = 0; r < R; ++r) {                                                                             \
-            float *dst = c + r * ldc;                                                                             \
-            if (cols == PANEL) {                                                                                  \
-                for (int h = 0; h < NV; ++h)                                                                      \
-                    *(vec *)(dst + h * W) = accumulate ? *(vec *)(dst + h * W) + acc[0][r][h] : acc[0][r][h];     \
-            } else {                                                                                              \
-                for (int j = 0; j < cols; ++j)                                                                    \
-                    dst[j] = (accumulate ? dst[j] : 0.0f) + acc[0][r][j / W][j % W];                              \
+        for (int r = 0; r < R; ++r) store_row(c + r * ldc, acc[0][r], cols, accumulate);                          \
+    }
+
+/* Widens k's [k0, k0 + n) of one panel into scratch. */
+static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out, float *restrict block) {
+    (void)block;
+    widen(panel, k0, n, out);
+}
+#define BLOCK_SCRATCH 0
+#else
+/* The same over bf16 pairs: b holds k pair p as [p][j][2], a's rows are bf16, so one vdpbf16ps adds two k's. */
+#define TILE(R, U)                                                                                                \
+    static void tile_##R(const xelem *a, int64_t lda, const selem *restrict b, int64_t n, float *c, int64_t ldc, \
+                         int cols, int accumulate) {                                                              \
+        veca acc[U][R][1];                                                                                        \
+        for (int u = 0; u < U; ++u)                                                                               \
+            for (int r = 0; r < R; ++r) acc[u][r][0] = (veca){0};                                                 \
+        for (int64_t k = 0; k < n; k += 2 * U) {                                                                  \
+            for (int u = 0; u < U; ++u) {                                                                         \
+                const __m512bh w = (__m512bh)_mm512_loadu_si512(b + (k + 2 * u) * PANEL);                         \
+                for (int r = 0; r < R; ++r) {                                                                     \
+                    uint32_t pair;                                                                                \
+                    memcpy(&pair, a + r * lda + k + 2 * u, sizeof pair);                                          \
+                    acc[u][r][0] = (veca)_mm512_dpbf16_ps((__m512)acc[u][r][0],                                   \
+                                                          (__m512bh)_mm512_set1_epi32((int)pair), w);             \
+                }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
+        for (int u = 1; u < U; ++u)                                                                               \
+            for (int r = 0; r < R; ++r) acc[0][r][0] += acc[u][r][0];                                             \
+        for (int r = 0; r < R; ++r) store_row(c + r * ldc, acc[0][r], cols, accumulate);                          \
     }
-/* Partial sums per tile height: 8 accumulators or more where the rows alone make fewer. */
-#define U_FOR(R) ((R) * NV >= 8 ? 1 : (R) * NV >= 4 ? 2 : (R) * NV >= 2 ? 4 : 8)
+
+/* Widens k's [k0, k0 + n) of one panel into scratch as bf16 pairs (rounded to nearest, ties to even), a block at
+ * a time through `block` (BLOCK x 16 floats). */
+static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out, float *restrict block) {
+    /* word 2j <- word j (k even), word 2j + 1 <- word 16 + j (k odd) */
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+        widen(panel, k0 + b * BLOCK, BLOCK, block);
+        for (int p = 0; p < BLOCK / 2; ++p) {
+            const __m512 even = _mm512_loadu_ps(block + 2 * p * PANEL), odd = _mm512_loadu_ps(block + (2 * p + 1) * PANEL);
+            const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even); /* words 0..15 even, 16..31 odd */
+            _mm512_storeu_si512(out + (b * BLOCK + 2 * p) * PANEL, _mm512_permutexvar_epi16(interleave, halves));
+        }
+    }
+}
+#define BLOCK_SCRATCH (BLOCK * PANEL)
+#endif
 TILE(1, U_FOR(1))
 TILE(2, U_FOR(2))
 TILE(3, U_FOR(3))
@@ -235,31 +296,32 @@ TILE(4, U_FOR(4))
 TILE(5, U_FOR(5))
 TILE(6, U_FOR(6))
 
-typedef void (*tile_fn)(const float *, int64_t, const float *restrict, int64_t, float *, int64_t, int, int);
+typedef void (*tile_fn)(const xelem *, int64_t, const selem *restrict, int64_t, float *, int64_t, int, int);
 static const tile_fn TILES[ROWS + 1] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 
-/* x [m][k] (row stride ldx), packed W (n outputs, k inputs; k a multiple of 32), bias [n] or NULL, y [m][n] (row
- * stride ldy). 0 on success, 1 where scratch memory ran out. */
-int packed_linear(const float *x, int64_t ldx, const uint8_t *packed, const float *bias, float *y, int64_t ldy,
-                  int64_t m, int64_t n, int64_t k, int threads) {
+/* y = x W^T (+ bias): x [m][k] (row stride ldx), packed W (n outputs, k inputs; k a multiple of 32), bias [n] or
+ * NULL, y [m][n] float32 (row stride ldy). 0 on success, 1 where scratch memory ran out. */
+static int multiply(const xelem *x, int64_t ldx, const uint8_t *packed, const float *bias, float *y, int64_t ldy,
+                    int64_t m, int64_t n, int64_t k, int threads) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
     const int64_t panel_bytes = (k / BLOCK) * BLOCK_BYTES;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scratch = aligned_alloc(64, sizeof(float) * KC * PANEL);
-        if (scratch == NULL) {
+        selem *scratch = aligned_alloc(64, sizeof(selem) * KC * PANEL);
+        float *block = BLOCK_SCRATCH ? aligned_alloc(64, sizeof(float) * (BLOCK_SCRATCH + 1)) : NULL;
+        if (scratch == NULL || (BLOCK_SCRATCH && block == NULL)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
-            if (scratch == NULL) continue;
+            if (scratch == NULL || (BLOCK_SCRATCH && block == NULL)) continue;
             const int cols = n - p * PANEL < PANEL ? (int)(n - p * PANEL) : PANEL;
             float *yp = y + p * PANEL;
             for (int64_t k0 = 0; k0 < k; k0 += KC) {
                 const int64_t kn = k - k0 < KC ? k - k0 : KC;
-                widen(packed + p * panel_bytes, k0, kn, scratch);
+                widen_chunk(packed + p * panel_bytes, k0, kn, scratch, block);
                 for (int64_t r = 0; r < m; r += ROWS) {
                     const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
                     TILES[rows](x + r * ldx + k0, ldx, scratch, kn, yp + r * ldy, ldy, cols, k0 > 0);
@@ -270,19 +332,19 @@ int packed_linear(const float *x, int64_t ldx, const uint8_t *packed, const floa
                     for (int j = 0; j < cols; ++j) yp[r * ldy + j] += bias[p * PANEL + j];
         }
         free(scratch);
+        free(block);
     }
     return failed;
 }
 
-#ifdef ROUND_BF16
-/* The float nearest to bf16 bits: exact. */
-static inline float from_bf16(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+#ifndef ROUND_BF16
+/* x [m][k] (row stride ldx), packed W (n outputs, k inputs; k a multiple of 32), bias [n] or NULL, y [m][n] (row
+ * stride ldy), all float32. 0 on success, 1 where scratch memory ran out. */
+int packed_linear(const float *x, int64_t ldx, const uint8_t *packed, const float *bias, float *y, int64_t ldy,
+                  int64_t m, int64_t n, int64_t k, int threads) {
+    return multiply(x, ldx, packed, bias, y, ldy, m, n, k, threads);
 }
-
+#else
 /* A float rounded to bfloat16, to nearest with ties to even, as torch's cast rounds it (a NaN stays a NaN). */
 static inline uint16_t to_bf16(float f) {
     uint32_t bits;
@@ -291,24 +353,32 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-/* packed_linear for a model served in bfloat16: x [m][k] and y [m][n] bf16 (row strides ldx, ldy), the weights
- * rounded to bf16 as they are widened, the sums float32 (bias [n] float32 included), each output rounded once. The
- * activations are widened into a float32 copy and the outputs summed in a float32 one, both allocated here.
- * 0 on success, 1 where memory ran out. */
+/* For a model served in bfloat16: x [m][k] and y [m][n] bf16 (row strides ldx, ldy), the weights rounded to bf16
+ * as they are widened, the sums float32 (bias [n] float32 included), each output rounded once at the end. Without
+ * PAIRS the activations are widened into a float32 copy first. 0 on success, 1 where memory ran out. */
 int packed_linear_bf16(const uint16_t *x, int64_t ldx, const uint8_t *packed, const float *bias, uint16_t *y,
                        int64_t ldy, int64_t m, int64_t n, int64_t k, int threads) {
-    float *xf = malloc(sizeof(float) * m * k), *yf = malloc(sizeof(float) * m * n);
-    int failed = xf == NULL || yf == NULL;
+    float *sums = malloc(sizeof(float) * (m * n + 1));
+    if (sums == NULL) return 1;
+#ifdef PAIRS
+    int failed = multiply(x, ldx, packed, bias, sums, n, m, n, k, threads);
+#else
+    float *wide = malloc(sizeof(float) * (m * k + 1));
+    int failed = wide == NULL;
     if (!failed) {
         for (int64_t r = 0; r < m; ++r)
-            for (int64_t i = 0; i < k; ++i) xf[r * k + i] = from_bf16(x[r * ldx + i]);
-        failed = packed_linear(xf, k, packed, bias, yf, n, m, n, k, threads);
+            for (int64_t i = 0; i < k; ++i) {
+                const uint32_t bits = (uint32_t)x[r * ldx + i] << 16;
+                memcpy(wide + r * k + i, &bits, sizeof bits);
+            }
+        failed = multiply(wide, k, packed, bias, sums, n, m, n, k, threads);
     }
+    free(wide);
+#endif
     if (!failed)
         for (int64_t r = 0; r < m; ++r)
-            for (int64_t j = 0; j < n; ++j) y[r * ldy + j] = to_bf16(yf[r * n + j]);
-    free(xf);
-    free(yf);
+            for (int64_t j = 0; j < n; ++j) y[r * ldy + j] = to_bf16(sums[r * n + j]);
+    free(sums);
     return failed;
 }
 #endif
