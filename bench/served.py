@@ -57,8 +57,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--appliance",
         default=APPLIANCE_VARIANTS,
         help="quantization/dtype pairs ('' for none); a third part turns off what it names, joined by +: 'plain' "
-        "keeps float32 weights unpacked (APPLIANCE_COMPACT_WEIGHTS), 'hf' runs transformers' forward "
-        "(APPLIANCE_OWN_FORWARD)",
+        "turns compact weights off (APPLIANCE_COMPACT_WEIGHTS: float32 unpacked, bf16 without a GGUF's blocks), "
+        "'hf' runs transformers' forward (APPLIANCE_OWN_FORWARD)",
     )
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM runs, one per dtype ('' for none)")
     p.add_argument("--requests", type=int, default=64)

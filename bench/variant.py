@@ -1,5 +1,5 @@
-"""One way to name an engine set-up in every benchmark: `quantization/dtype[/off+...][@kv]` ('plain' keeps
-float32 weights unpacked, 'hf' runs transformers' forward; @int8, @fp8, ... the KV pool's element type), as an
+"""One way to name an engine set-up in every benchmark: `quantization/dtype[/off+...][@kv]` ('plain' turns
+compact weights off, 'hf' runs transformers' forward; @int8, @fp8, ... the KV pool's element type), as an
 EngineConfig in process or APPLIANCE_* settings for a server, and the options every in-process benchmark shares."""
 
 from __future__ import annotations
