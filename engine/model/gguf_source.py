@@ -64,7 +64,7 @@ def streamed_gguf(
             AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
             AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
     try:
-        compact = compact and bool(build_packed_linear("q4"))
+        compact = compact and bool(build_packed_linear("q4", round_bf16=dtype == torch.bfloat16))
     except KernelBuildError as exc:
         report(f"linear layers stay torch's: the packed kernel is unavailable ({exc})")
         compact = False

@@ -170,7 +170,10 @@ def _split(plan: CpuPlan, model: nn.Module, counts: Counter[str], report: Progre
     layers = [m for m in model.modules() if isinstance(m, SplitLinear)]
     prepacked = "in bfloat16, weights laid out once for oneDNN"
     if not layers:
-        why = f"{prepacked}: no layer came as blocks the compact kernel multiplies (a GGUF's {NATIVE_TYPES})"
+        why = (
+            f"{prepacked}: no layer kept blocks the compact kernel multiplies (a GGUF's {NATIVE_TYPES}), or the "
+            "kernel does not build (the log says which)"
+        )
         return plan.settled(linears=Decision(Linears.PREPACKED, why))
     found = crossover(layers, plan.threads.choice)
     split_at(layers, found.rows)

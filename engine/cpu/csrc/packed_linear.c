@@ -46,8 +46,9 @@ static inline veca halves(const uint16_t *p) { return (veca)_mm512_cvtph_ps(_mm2
 /* Vector h of a Q4 panel row whose 8 bytes are at p: byte j's low nibble is output j, its high nibble j + 8. */
 static inline veca nibbles(const uint8_t *p, int h) {
     (void)h;
-    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
-    const __m512i wide = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(bytes, bytes)); /* bytes 0..7, twice */
+    int64_t bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    const __m512i wide = _mm512_cvtepu8_epi32(_mm_set1_epi64x(bytes)); /* bytes 0..7, twice */
     const __m512i shifts = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
     return (veca)_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(wide, shifts), _mm512_set1_epi32(15)));
 }
@@ -133,72 +134,75 @@ static inline void put(float *dst, veca v) {
     *(vec *)dst = v;
 }
 
+/* Each form: BLOCK_BYTES per 32 k's of a panel; `scales` reads what a block's rows share (for the k's of one half of
+ * the block: Q8F's scales differ between them), `row` the W weights of vector h of row k (0..31) as floats. */
+typedef struct {
+    veca d[NV], m[NV];
+} scales_t;
 #if defined(FORM_Q4)
 #define BLOCK_BYTES (PANEL * 2 * 2 + BLOCK * PANEL / 2)
-/* Widens k's [k0, k0 + n) of one panel (k0 and n multiples of BLOCK) into out[n][16]. */
-static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
-    for (int64_t b = 0; b < n / BLOCK; ++b) {
-        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        const uint16_t *scales = (const uint16_t *)block;
-        const uint8_t *codes = block + PANEL * 4;
-        float *dst = out + b * BLOCK * PANEL;
-        veca d[NV], m[NV];
-        for (int h = 0; h < NV; ++h) d[h] = halves(scales + h * W), m[h] = halves(scales + PANEL + h * W);
-        for (int k = 0; k < BLOCK; ++k)
-            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * nibbles(codes + k * 8, h) + m[h]);
-    }
+static inline void scales(const uint8_t *block, int half, scales_t *s) {
+    (void)half;
+    for (int h = 0; h < NV; ++h)
+        s->d[h] = halves((const uint16_t *)block + h * W), s->m[h] = halves((const uint16_t *)block + PANEL + h * W);
+}
+static inline veca row(const uint8_t *block, int k, int h, const scales_t *s) {
+    return s->d[h] * nibbles(block + PANEL * 4 + k * 8, h) + s->m[h];
 }
 #elif defined(FORM_Q8)
 #define BLOCK_BYTES (PANEL * 2 + BLOCK * PANEL)
-static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
-    for (int64_t b = 0; b < n / BLOCK; ++b) {
-        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        const int8_t *codes = (const int8_t *)(block + PANEL * 2);
-        float *dst = out + b * BLOCK * PANEL;
-        veca d[NV];
-        for (int h = 0; h < NV; ++h) d[h] = halves((const uint16_t *)block + h * W);
-        for (int k = 0; k < BLOCK; ++k)
-            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * signed_bytes(codes + k * PANEL + h * W));
-    }
+static inline void scales(const uint8_t *block, int half, scales_t *s) {
+    (void)half;
+    for (int h = 0; h < NV; ++h) s->d[h] = halves((const uint16_t *)block + h * W);
+}
+static inline veca row(const uint8_t *block, int k, int h, const scales_t *s) {
+    return s->d[h] * signed_bytes((const int8_t *)(block + PANEL * 2) + k * PANEL + h * W);
 }
 #elif defined(FORM_Q4F)
 #define BLOCK_BYTES (PANEL * 4 * 2 + BLOCK * PANEL / 2)
-static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
-    for (int64_t b = 0; b < n / BLOCK; ++b) {
-        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        const float *scales = (const float *)block;
-        const uint8_t *codes = block + PANEL * 8;
-        float *dst = out + b * BLOCK * PANEL;
-        veca d[NV], m[NV];
-        for (int h = 0; h < NV; ++h) d[h] = *(const vec *)(scales + h * W), m[h] = *(const vec *)(scales + PANEL + h * W);
-        for (int k = 0; k < BLOCK; ++k)
-            for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * nibbles(codes + k * 8, h) + m[h]);
-    }
+static inline void scales(const uint8_t *block, int half, scales_t *s) {
+    (void)half;
+    const float *f = (const float *)block;
+    for (int h = 0; h < NV; ++h) s->d[h] = *(const vec *)(f + h * W), s->m[h] = *(const vec *)(f + PANEL + h * W);
+}
+static inline veca row(const uint8_t *block, int k, int h, const scales_t *s) {
+    return s->d[h] * nibbles(block + PANEL * 8 + k * 8, h) + s->m[h];
 }
 #elif defined(FORM_Q8F)
 #define BLOCK_BYTES (PANEL * 4 * 2 + BLOCK * PANEL)
-static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
-    for (int64_t b = 0; b < n / BLOCK; ++b) {
-        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        const float *scales = (const float *)block;
-        const int8_t *codes = (const int8_t *)(block + PANEL * 8);
-        float *dst = out + b * BLOCK * PANEL;
-        for (int half = 0; half < 2; ++half) {
-            veca d[NV];
-            for (int h = 0; h < NV; ++h) d[h] = *(const vec *)(scales + half * PANEL + h * W);
-            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; ++k)
-                for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, d[h] * signed_bytes(codes + k * PANEL + h * W));
-        }
-    }
+static inline void scales(const uint8_t *block, int half, scales_t *s) {
+    for (int h = 0; h < NV; ++h) s->d[h] = *(const vec *)((const float *)block + half * PANEL + h * W);
+}
+static inline veca row(const uint8_t *block, int k, int h, const scales_t *s) {
+    return s->d[h] * signed_bytes((const int8_t *)(block + PANEL * 8) + k * PANEL + h * W);
 }
 #elif defined(FORM_BF16)
 #define BLOCK_BYTES (BLOCK * PANEL * 2)
-static void widen(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
-    const uint16_t *src = (const uint16_t *)panel + k0 * PANEL;
-    for (int64_t i = 0; i < n * PANEL; i += W) put(out + i, upper_halves(src + i));
+static inline void scales(const uint8_t *block, int half, scales_t *s) {
+    (void)block, (void)half, (void)s;
+}
+static inline veca row(const uint8_t *block, int k, int h, const scales_t *s) {
+    (void)s;
+    return upper_halves((const uint16_t *)block + k * PANEL + h * W);
 }
 #else
 #error "build with -DFORM_Q4, -DFORM_Q8, -DFORM_Q4F, -DFORM_Q8F or -DFORM_BF16"
+#endif
+
+#ifndef PAIRS
+/* Widens k's [k0, k0 + n) of one panel (k0 and n multiples of BLOCK) into out[n][16]. */
+static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, float *restrict out) {
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+        const uint8_t *block = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
+        float *dst = out + b * BLOCK * PANEL;
+        for (int half = 0; half < 2; ++half) {
+            scales_t s;
+            scales(block, half, &s);
+            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; ++k)
+                for (int h = 0; h < NV; ++h) put(dst + k * PANEL + h * W, row(block, k, h, &s));
+        }
+    }
+}
 #endif
 
 /* One row of a tile's result (NV vectors) at dst: stored, or added to what is there; columns >= cols untouched. */
@@ -241,13 +245,6 @@ static inline void store_row(float *dst, const veca *acc, int cols, int accumula
                 for (int h = 0; h < NV; ++h) acc[0][r][h] += acc[u][r][h];                                        \
         for (int r = 0; r < R; ++r) store_row(c + r * ldc, acc[0][r], cols, accumulate);                          \
     }
-
-/* Widens k's [k0, k0 + n) of one panel into scratch. */
-static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out, float *restrict block) {
-    (void)block;
-    widen(panel, k0, n, out);
-}
-#define BLOCK_SCRATCH 0
 #else
 /* The same over bf16 pairs: b holds k pair p as [p][j][2], a's rows are bf16, so one vdpbf16ps adds two k's. */
 #define TILE(R, U)                                                                                                \
@@ -272,22 +269,24 @@ static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *rest
         for (int r = 0; r < R; ++r) store_row(c + r * ldc, acc[0][r], cols, accumulate);                          \
     }
 
-/* Widens k's [k0, k0 + n) of one panel into scratch as bf16 pairs (rounded to nearest, ties to even), a block at
- * a time through `block` (BLOCK x 16 floats). */
-static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out, float *restrict block) {
+/* Widens k's [k0, k0 + n) of one panel into scratch as bf16 pairs (rounded to nearest, ties to even). */
+static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out) {
     /* word 2j <- word j (k even), word 2j + 1 <- word 16 + j (k odd) */
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t b = 0; b < n / BLOCK; ++b) {
-        widen(panel, k0 + b * BLOCK, BLOCK, block);
-        for (int p = 0; p < BLOCK / 2; ++p) {
-            const __m512 even = _mm512_loadu_ps(block + 2 * p * PANEL), odd = _mm512_loadu_ps(block + (2 * p + 1) * PANEL);
-            const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even); /* words 0..15 even, 16..31 odd */
-            _mm512_storeu_si512(out + (b * BLOCK + 2 * p) * PANEL, _mm512_permutexvar_epi16(interleave, halves));
+        const uint8_t *blk = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
+        for (int half = 0; half < 2; ++half) {
+            scales_t s;
+            scales(blk, half, &s);
+            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; k += 2) {
+                const __m512 even = (__m512)row(blk, k, 0, &s), odd = (__m512)row(blk, k + 1, 0, &s);
+                const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(odd, even); /* words 0..15 even, 16..31 odd */
+                _mm512_storeu_si512(out + (b * BLOCK + k) * PANEL, _mm512_permutexvar_epi16(interleave, pair));
+            }
         }
     }
 }
-#define BLOCK_SCRATCH (BLOCK * PANEL)
 #endif
 TILE(1, U_FOR(1))
 TILE(2, U_FOR(2))
@@ -309,19 +308,18 @@ static int multiply(const xelem *x, int64_t ldx, const uint8_t *packed, const fl
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         selem *scratch = aligned_alloc(64, sizeof(selem) * KC * PANEL);
-        float *block = BLOCK_SCRATCH ? aligned_alloc(64, sizeof(float) * (BLOCK_SCRATCH + 1)) : NULL;
-        if (scratch == NULL || (BLOCK_SCRATCH && block == NULL)) {
+        if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
-            if (scratch == NULL || (BLOCK_SCRATCH && block == NULL)) continue;
+            if (scratch == NULL) continue;
             const int cols = n - p * PANEL < PANEL ? (int)(n - p * PANEL) : PANEL;
             float *yp = y + p * PANEL;
             for (int64_t k0 = 0; k0 < k; k0 += KC) {
                 const int64_t kn = k - k0 < KC ? k - k0 : KC;
-                widen_chunk(packed + p * panel_bytes, k0, kn, scratch, block);
+                widen_chunk(packed + p * panel_bytes, k0, kn, scratch);
                 for (int64_t r = 0; r < m; r += ROWS) {
                     const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
                     TILES[rows](x + r * ldx + k0, ldx, scratch, kn, yp + r * ldy, ldy, cols, k0 > 0);
@@ -332,7 +330,6 @@ static int multiply(const xelem *x, int64_t ldx, const uint8_t *packed, const fl
                     for (int j = 0; j < cols; ++j) yp[r * ldy + j] += bias[p * PANEL + j];
         }
         free(scratch);
-        free(block);
     }
     return failed;
 }
