@@ -43,11 +43,13 @@ def blocks(form: str, out: int, inp: int, seed: int = 0) -> tuple[torch.Tensor, 
     return weight.view(out, inp), pack_blocks(form, codes, scales, offsets)
 
 
-def multiply(form: str, packed: torch.Tensor, x: torch.Tensor, out: int, bias: torch.Tensor | None) -> torch.Tensor:
+def multiply(
+    form: str, packed: torch.Tensor, x: torch.Tensor, out: int, bias: torch.Tensor | None, threads: int = 1
+) -> torch.Tensor:
     kernel = build_packed_linear(form, round_bf16=True)[0]
     y = torch.full((x.shape[0], out), float("nan"), dtype=torch.bfloat16)
     failed = kernel(x.data_ptr(), x.stride(0), packed.data_ptr(), None if bias is None else bias.data_ptr(),
-                    y.data_ptr(), y.stride(0), x.shape[0], out, x.shape[1], 1)  # fmt: skip
+                    y.data_ptr(), y.stride(0), x.shape[0], out, x.shape[1], threads)  # fmt: skip
     assert failed == 0
     return y
 
@@ -70,9 +72,10 @@ def test_the_bf16_kernel_multiplies_the_weights_rounded_to_bf16_and_rounds_each_
     assert torch.equal(multiply(form, packed, torch.eye(576).bfloat16(), 50, None), held.T)
     g = torch.Generator().manual_seed(2)
     bias = torch.randn(50, generator=g).bfloat16().float()
-    for rows in [*range(1, 14), 64]:
+    for rows in [*range(1, 18), 64, 97, 200]:  # AMX takes 16 rows a tile, 96 a pass
         x = (torch.randn(rows, 576, generator=g) * 3).bfloat16()
         y = multiply(form, packed, x, 50, bias)
+        assert torch.equal(multiply(form, packed, x, 50, bias, threads=2), y)  # the threads split the panels
         assert rounded_once(y, x, held, bias), rows
         exact = (x.double() @ held.double().T + bias.double()).bfloat16()  # the exact sum, rounded once
         assert float((y == exact).float().mean()) > 0.98, rows  # the order of the sums moves a few

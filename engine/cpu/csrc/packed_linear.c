@@ -269,23 +269,26 @@ static inline void store_row(float *dst, const veca *acc, int cols, int accumula
         for (int r = 0; r < R; ++r) store_row(c + r * ldc, acc[0][r], cols, accumulate);                          \
     }
 
-/* Widens k's [k0, k0 + n) of one panel into scratch as bf16 pairs (rounded to nearest, ties to even). */
-static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out) {
+/* One block's 32 k's as 16 bf16 pairs (rounded to nearest, ties to even): out[p][j][2] holds the weights of k's
+ * 2p and 2p + 1 for output j. */
+static void pairs_of(const uint8_t *block, selem *restrict out) {
     /* word 2j <- word j (k even), word 2j + 1 <- word 16 + j (k odd) */
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t b = 0; b < n / BLOCK; ++b) {
-        const uint8_t *blk = panel + (k0 / BLOCK + b) * BLOCK_BYTES;
-        for (int half = 0; half < 2; ++half) {
-            scales_t s;
-            scales(blk, half, &s);
-            for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; k += 2) {
-                const __m512 even = (__m512)row(blk, k, 0, &s), odd = (__m512)row(blk, k + 1, 0, &s);
-                const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(odd, even); /* words 0..15 even, 16..31 odd */
-                _mm512_storeu_si512(out + (b * BLOCK + k) * PANEL, _mm512_permutexvar_epi16(interleave, pair));
-            }
+    for (int half = 0; half < 2; ++half) {
+        scales_t s;
+        scales(block, half, &s);
+        for (int k = half * BLOCK / 2; k < (half + 1) * BLOCK / 2; k += 2) {
+            const __m512 even = (__m512)row(block, k, 0, &s), odd = (__m512)row(block, k + 1, 0, &s);
+            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(odd, even); /* words 0..15 even, 16..31 odd */
+            _mm512_storeu_si512(out + k * PANEL, _mm512_permutexvar_epi16(interleave, pair));
         }
     }
+}
+
+/* Widens k's [k0, k0 + n) of one panel into scratch as bf16 pairs. */
+static void widen_chunk(const uint8_t *panel, int64_t k0, int64_t n, selem *restrict out) {
+    for (int64_t b = 0; b < n / BLOCK; ++b) pairs_of(panel + (k0 / BLOCK + b) * BLOCK_BYTES, out + b * BLOCK * PANEL);
 }
 #endif
 TILE(1, U_FOR(1))
@@ -350,6 +353,105 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+#if defined(PAIRS) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* With AMX (Intel's tile unit), the pairs of one block are one tile of weights (16 k pairs x 16 outputs) and 16
+ * rows of activations x 32 k's another; a tile multiply (tdpbf16ps: vdpbf16ps's arithmetic over a k pair at a time)
+ * adds their products into a 16 x 16 tile of float32 sums, one per 16 rows (tiles 0..5; 6: activations, 7: weights).
+ * The activations are copied into rows padded to a multiple of 16 with zeros; the sums of a panel are stored once. */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX 1
+#define GROUP 16
+#define GROUPS 6
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Whether the kernel lets this process use the tile registers (it must ask once; torch's oneDNN asks the same). */
+static int amx_usable(void) {
+    static int usable = -1;
+    if (usable < 0) usable = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return usable;
+}
+
+#define EACH_GROUP(OP)      \
+    do {                    \
+        OP(0);              \
+        if (groups > 1) OP(1); \
+        if (groups > 2) OP(2); \
+        if (groups > 3) OP(3); \
+        if (groups > 4) OP(4); \
+        if (groups > 5) OP(5); \
+    } while (0)
+
+/* sums[r][j] = the float32 sums of padded rows r < 16 * groups of xs ([16 * groups][k], bf16) times panel's outputs. */
+static void amx_panel(const uint16_t *xs, int64_t k, int groups, const uint8_t *panel, uint16_t *pairs, float *sums) {
+#define ZERO(g) _tile_zero(g)
+#define ADD(g)                                                           \
+    do {                                                                 \
+        _tile_loadd(6, xs + (int64_t)(g) * GROUP * k + b * BLOCK, k * 2); \
+        _tile_dpbf16ps(g, 6, 7);                                         \
+    } while (0)
+#define STORE(g) _tile_stored(g, sums + (g) * GROUP * PANEL, PANEL * 4)
+    EACH_GROUP(ZERO);
+    for (int64_t b = 0; b < k / BLOCK; ++b) {
+        pairs_of(panel + b * BLOCK_BYTES, pairs);
+        _tile_loadd(7, pairs, PANEL * 4);
+        EACH_GROUP(ADD);
+    }
+    EACH_GROUP(STORE);
+#undef ZERO
+#undef ADD
+#undef STORE
+}
+
+/* multiply() on the tile unit: sums [m][n] float32 (+ bias). 0 on success, 1 where memory ran out. */
+static int amx_multiply(const uint16_t *x, int64_t ldx, const uint8_t *packed, const float *bias, float *sums,
+                        int64_t m, int64_t n, int64_t k, int threads) {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    const int64_t panel_bytes = (k / BLOCK) * BLOCK_BYTES;
+    tile_config config = {.palette = 1};
+    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+    int failed = 0;
+    for (int64_t r0 = 0; r0 < m && !failed; r0 += GROUP * GROUPS) {
+        const int64_t rows = m - r0 < GROUP * GROUPS ? m - r0 : GROUP * GROUPS;
+        const int groups = (int)((rows + GROUP - 1) / GROUP);
+        uint16_t *xs = calloc((size_t)(groups * GROUP * k), sizeof(uint16_t));
+        if (xs == NULL) return 1;
+        for (int64_t r = 0; r < rows; ++r) memcpy(xs + r * k, x + (r0 + r) * ldx, sizeof(uint16_t) * k);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            uint16_t *pairs = aligned_alloc(64, sizeof(uint16_t) * BLOCK * PANEL);
+            float *tile_sums = aligned_alloc(64, sizeof(float) * GROUP * GROUPS * PANEL);
+            if (pairs == NULL || tile_sums == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                _tile_loadconfig(&config);
+            }
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; ++p) {
+                if (pairs == NULL || tile_sums == NULL) continue;
+                const int cols = n - p * PANEL < PANEL ? (int)(n - p * PANEL) : PANEL;
+                amx_panel(xs, k, groups, packed + p * panel_bytes, pairs, tile_sums);
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int j = 0; j < cols; ++j)
+                        sums[(r0 + r) * n + p * PANEL + j] =
+                            tile_sums[r * PANEL + j] + (bias != NULL ? bias[p * PANEL + j] : 0.0f);
+            }
+            if (pairs != NULL && tile_sums != NULL) _tile_release();
+            free(pairs);
+            free(tile_sums);
+        }
+        free(xs);
+    }
+    return failed;
+}
+#endif
+
 /* For a model served in bfloat16: x [m][k] and y [m][n] bf16 (row strides ldx, ldy), the weights rounded to bf16
  * as they are widened, the sums float32 (bias [n] float32 included), each output rounded once at the end. Without
  * PAIRS the activations are widened into a float32 copy first. 0 on success, 1 where memory ran out. */
@@ -357,7 +459,10 @@ int packed_linear_bf16(const uint16_t *x, int64_t ldx, const uint8_t *packed, co
                        int64_t ldy, int64_t m, int64_t n, int64_t k, int threads) {
     float *sums = malloc(sizeof(float) * (m * n + 1));
     if (sums == NULL) return 1;
-#ifdef PAIRS
+#if defined(AMX)
+    int failed = amx_usable() ? amx_multiply(x, ldx, packed, bias, sums, m, n, k, threads)
+                              : multiply(x, ldx, packed, bias, sums, n, m, n, k, threads);
+#elif defined(PAIRS)
     int failed = multiply(x, ldx, packed, bias, sums, n, m, n, k, threads);
 #else
     float *wide = malloc(sizeof(float) * (m * k + 1));
