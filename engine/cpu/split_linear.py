@@ -9,9 +9,10 @@ oneDNN's bf16 layers do: only the order of the float32 sums differs), and oneDNN
 AMX or AVX512-BF16 kernels win once a step has rows enough. Where one overtakes the other depends on the CPU, so it
 is measured at load (`crossover`) on the model's own layer shapes, and the CPU plan says what it found.
 
-Measured on a 2-core Intel Xeon with AMX, one thread, the bundled model's 211 layers, ms at 1/2/4/8/16/32 rows: the
-blocks in bf16 28.4/31.5/35.8/48.7/70.5/114.9 (bf16 pairs, vdpbf16ps; rounded float32 weights and float32
-multiply-adds took 34.3/35.0/37.6/43.3/64.9/103.4), oneDNN's prepacked layout 39.0/37.8/38.1/39.6/40.1/45.7.
+Measured at load on a 2-core Intel Xeon with AMX, one thread, the bundled model's 211 layers, ms at
+1/2/4/8/16/32/64 rows: the blocks on AMX tiles 26.5/26.5/26.9/27.2/28.8/33.2/47.6, oneDNN's layout
+38.6/37.3/38.4/38.6/38.8/43.2/50.9 (the blocks with vdpbf16ps alone, no tiles: 28.4/31.5/35.8/48.7/70.5/114.9 at
+1 to 32 rows; rounded float32 weights and float32 multiply-adds: 34.3/35.0/37.6/43.3/64.9/103.4).
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@
  * With -DROUND_BF16 each widened weight is rounded to bfloat16 (to nearest, ties to even: what torch's cast does),
  * so a model served in bfloat16 multiplies the very bf16 weights it would hold as a plain layer: its activations are
  * bf16 (exact in float32), each product of two bf16 values is exact in float32, and only the order of the float32
- * sums is this kernel's (engine/cpu/split_linear.py rounds the result to bf16, as oneDNN's bf16 layers do).
+ * sums is this kernel's (the result is rounded to bf16 once, as oneDNN's bf16 layers round theirs).
  * The multiply is a tile of up to 6 rows x 16 outputs in registers (a panel row is one AVX-512 vector, else two
  * of 8 floats) over a panel widened into scratch, K taken in chunks that keep the scratch in L1. Written with GCC's
- * vector extensions, so -march=native picks the host's instructions (AVX2 + FMA, or AVX-512).
+ * vector extensions, so -march=native picks the host's instructions (AVX2 + FMA, or AVX-512). A bf16 build
+ * multiplies bf16 pairs where the CPU has AVX512-BF16 (PAIRS below), on AMX tiles where it has those (AMX below).
  */
 #include <stdint.h>
 #include <stdlib.h>
