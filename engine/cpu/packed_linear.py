@@ -24,7 +24,7 @@ from torch import nn
 
 from engine.cpu.kernel_build import KernelBuildError, build_packed_linear
 
-__all__ = ["FORMS", "PackedLinear", "pack_blocks", "pack_exactly", "pack_linears"]
+__all__ = ["FORMS", "PackedLinear", "pack_blocks", "pack_exactly", "pack_linears", "run_packed"]
 
 log = logging.getLogger("engine.cpu.packed_linear")
 
@@ -53,24 +53,32 @@ class PackedLinear(nn.Module):
         if rows.dtype != torch.float32 or rows.stride(-1) != 1:
             rows = rows.float().contiguous()
         y = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32, device=rows.device)
-        failed = self._kernel(
-            rows.data_ptr(),
-            rows.stride(0),
-            self.packed.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
-            y.data_ptr(),
-            y.stride(0),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            torch.get_num_threads(),
-        )
-        if failed:
-            raise MemoryError("the packed linear layer could not allocate its scratch")
+        run_packed(self._kernel, rows, self.packed, self.bias, y)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, form={self.form}"
+
+
+def run_packed(
+    kernel: Callable[..., int], rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
+) -> None:
+    """y [m, out] = rows [m, in] (unit stride along a row) times the packed weight (+ bias, float32), by a kernel of
+    engine/cpu/csrc/packed_linear.c, on torch's thread count."""
+    failed = kernel(
+        rows.data_ptr(),
+        rows.stride(0),
+        packed.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+        y.stride(0),
+        rows.shape[0],
+        y.shape[1],
+        rows.shape[1],
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("the packed linear layer could not allocate its scratch")
 
 
 def pack_exactly(weight: torch.Tensor) -> tuple[str, torch.Tensor] | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.cpu.packed_linear import run_packed
 from engine.cpu.prepack import PrepackedLinear
 
 __all__ = ["Crossover", "SplitLinear", "crossover", "split_at"]
@@ -68,20 +69,7 @@ class SplitLinear(nn.Module):
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         y = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)
-        failed = self._kernel(
-            rows.data_ptr(),
-            rows.stride(0),
-            self.blocks.data_ptr(),
-            None if self.bias_f32 is None else self.bias_f32.data_ptr(),
-            y.data_ptr(),
-            y.stride(0),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            torch.get_num_threads(),
-        )
-        if failed:
-            raise MemoryError("the packed linear layer could not allocate its scratch")
+        run_packed(self._kernel, rows, self.blocks, self.bias_f32, y)
         return y
 
     def extra_repr(self) -> str:
