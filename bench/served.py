@@ -1,7 +1,8 @@
-"""`python -m bench.served` (or bench/served.sh, which makes the peers' venvs): the appliance, with its
-defaults and with each quantization, against vLLM's CPU build, each served in turn on this machine and measured
-by the same independent client (aiperf) on a seeded workload (one per round) with long-tailed lengths and Poisson
-arrivals. Prints output tok/s, TTFT p50/p95 and inter-token p50 per server, and the CPU flags they ran on."""
+"""`python -m bench.served` (or bench/served.sh, which makes the peers' venvs and builds llama-server): the
+appliance, with its defaults and with each quantization, against vLLM's CPU build and llama.cpp's llama-server, each
+served in turn on this machine and measured by the same independent client (aiperf) on a seeded workload (one per
+round) with long-tailed lengths and Poisson arrivals. Prints output tok/s, TTFT p50/p95 and inter-token p50 per
+server, and the CPU flags they ran on."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 from bench.engine.workload import WorkloadSpec, make_workload
 from bench.servers import (
     BENCH_KEY,
+    LLAMA_SERVER,
     PEERS,
     SERVED_NAME,
     WORK,
@@ -30,6 +32,7 @@ from bench.servers import (
     appliance_server,
     clean_env,
     converted_model,
+    llama_server,
     running,
     variant_dir,
     vllm_server,
@@ -37,6 +40,7 @@ from bench.servers import (
 )
 from bench.variant import Variant
 from engine.cpu.hardware import auto_cpu_dtype, auto_quantization, cpu_flags, describe
+from engine.model.sources import default_model_path
 
 APPLIANCE_VARIANTS = "auto/auto,none/float32,none/auto,nf4/auto,fp4/auto,int8/auto"
 
@@ -61,6 +65,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "'hf' runs transformers' forward (APPLIANCE_OWN_FORWARD)",
     )
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM runs, one per dtype ('' for none)")
+    p.add_argument(
+        "--llama-server",
+        default="",
+        help="llama-server runs on the bundled GGUF, one per SLOTS or SLOTSxTHREADS ('16,64x1': 16 slots on "
+        "llama.cpp's own threads, as a user starts it, then 64 slots on one thread); bench/served.sh builds it",
+    )
+    p.add_argument("--llama-server-bin", type=Path, default=LLAMA_SERVER)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
     p.add_argument("--prompt-median", type=int, default=64)
@@ -100,6 +111,17 @@ def variants(spec: str, flags: frozenset[str]) -> list[tuple[str, Variant]]:
         kv = "" if resolved.kv_cache_dtype == "auto" else f", KV {resolved.kv_cache_dtype}"
         rows.append((f"{name} ({resolved.quantization}, {resolved.dtype}{kv})", variant))
     return rows
+
+
+def llama_runs(spec: str) -> list[tuple[int, int | None]]:
+    """(slots, threads or None for llama.cpp's own) per llama-server run: 'SLOTS' or 'SLOTSxTHREADS', by commas."""
+    runs = []
+    for text in filter(None, (s.strip() for s in spec.split(","))):
+        slots, x, threads = text.partition("x")
+        if not slots.isdigit() or int(slots) < 1 or (x and (not threads.isdigit() or int(threads) < 1)):
+            raise SystemExit(f"--llama-server: {text!r} is not SLOTS or SLOTSxTHREADS (positive integers)")
+        runs.append((int(slots), int(threads) if threads else None))
+    return runs
 
 
 def write_dataset(path: Path, spec: WorkloadSpec, tokenizer: Any) -> int:
@@ -191,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags()
     plan = variants(args.appliance, flags)
     vllm_dtypes = [d.strip() for d in args.vllm_dtypes.split(",") if d.strip()]
+    llamas = llama_runs(args.llama_server)
     spec = WorkloadSpec.from_options(args)
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores, flags: {describe(flags)}")
     print(
@@ -204,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"would run {name}: {settings} serve")
         for dtype in vllm_dtypes:
             print(f"would run {vllm_server(args.vllm_python, Path('MODEL_DIR'), dtype).name}")
+        for slots, threads in llamas:
+            print(f"would run {' '.join(llama_server(args.llama_server_bin, Path('GGUF'), slots, threads).command)}")
         return 0
     WORK.mkdir(parents=True, exist_ok=True)
     data_dir = WORK / "appliance"
@@ -234,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     def peers() -> list[tuple[Server, str]]:  # after an appliance has converted the model vLLM serves
-        return [(vllm_server(args.vllm_python, prepared(), dtype), BENCH_KEY) for dtype in vllm_dtypes]
+        vllms = [vllm_server(args.vllm_python, prepared(), dtype) for dtype in vllm_dtypes]
+        gguf = default_model_path()
+        return [(s, BENCH_KEY) for s in vllms + [llama_server(args.llama_server_bin, gguf, *r) for r in llamas]]
 
     def measured(server: Server, key: str, round_: int) -> Row:
         row = measure(args, server, key, prepared(), dataset(round_), round_)
@@ -270,23 +297,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+PEER_NAMES = ("vLLM", "llama-server")
+
+
 def summary(rounds: list[list[Row]]) -> str:
-    """Each server's median output tok/s over the rounds and its ratio to the first vLLM row within each round."""
-    lines = ["| served (median over rounds) | output tok/s | TTFT p95 | inter-token p50 | vs vLLM, each round |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    """Each server's median output tok/s over the rounds and its ratio, within each round, to the first row of
+    each peer that ran (vLLM, llama-server)."""
+    peers = [p for p in PEER_NAMES if any(r.name.startswith(p) for r in rounds[0])]
+    lines = ["| served (median over rounds) | output tok/s | TTFT p95 | inter-token p50 |"
+             + "".join(f" vs {p}, each round |" for p in peers),
+             "|---|---|---|---|" + "---|" * len(peers)]  # fmt: skip
     for i, first in enumerate(rounds[0]):
         runs = [rows[i] for rows in rounds]
-        ratios = []
-        for rows in rounds:
-            peer = next((r for r in rows if r.name.startswith("vLLM")), None)
-            if peer is not None and peer.output_tokens_per_s > 0:
-                ratios.append(rows[i].output_tokens_per_s / peer.output_tokens_per_s)
-        each = " ".join(f"{r:.2f}x" for r in ratios)
-        mid = f" (median {statistics.median(ratios):.2f}x)" if ratios else ""
+        columns = ""
+        for name in peers:
+            ratios = []
+            for rows in rounds:
+                peer = next((r for r in rows if r.name.startswith(name)), None)
+                if peer is not None and peer.output_tokens_per_s > 0:
+                    ratios.append(rows[i].output_tokens_per_s / peer.output_tokens_per_s)
+            each = " ".join(f"{r:.2f}x" for r in ratios)
+            columns += f" {each}{f' (median {statistics.median(ratios):.2f}x)' if ratios else ''} |"
         lines.append(
             f"| {first.name.rsplit(' #', 1)[0]} | {statistics.median(r.output_tokens_per_s for r in runs):.1f} "
             f"| {statistics.median(r.ttft_p95_ms for r in runs) / 1000:.2f} s "
-            f"| {statistics.median(r.itl_p50_ms for r in runs):.0f} ms | {each}{mid} |"
+            f"| {statistics.median(r.itl_p50_ms for r in runs):.0f} ms |{columns}"
         )
     return "\n".join(lines)
 

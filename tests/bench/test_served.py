@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
 from pathlib import Path
 
-from bench.engine.workload import WorkloadSpec
-from bench.served import Row, read_row, summary, table, variants, write_dataset
+import pytest
 
+from bench.engine.workload import WorkloadSpec
+from bench.served import Row, llama_runs, main, read_row, summary, table, variants, write_dataset
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 
 
@@ -107,3 +112,38 @@ def test_rounds_are_summarised_by_median_and_ratio_within_each_round() -> None:
         == "| appliance, defaults (none, float32) | 70.0 | 2.07 s | 100 ms | 1.60x 1.50x 1.00x (median 1.50x) |"
     )
     assert lines[3].startswith("| vLLM CPU 0.32, float32 | 50.0 |") and lines[3].endswith("(median 1.00x) |")
+
+
+def test_llama_server_runs_are_slots_with_or_without_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert llama_runs("16, 64x1,") == [(16, None), (64, 1)]
+    assert llama_runs("") == []
+    for bad in ("0", "16x", "16x0", "x2", "sixteen", "16x2x1"):
+        with pytest.raises(SystemExit, match="SLOTS or SLOTSxTHREADS"):
+            llama_runs(bad)
+    assert main(["--appliance", "", "--vllm-dtypes", "", "--llama-server", "16,64x1", "--dry-run"]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("would run")]
+    # As a user starts it: no thread count, llama.cpp takes every core; 2,048 tokens of context per slot.
+    assert "-np 16 -c 32768" in planned[0] and " -t " not in planned[0]
+    assert "-np 64 -c 131072" in planned[1] and planned[1].endswith("-t 1 -tb 1")
+
+
+def test_each_peer_that_ran_gets_its_own_ratio_column() -> None:
+    def row(name: str, tok_s: float) -> Row:
+        return Row(name, tok_s, 1000.0, 2000.0, 100.0, 64)
+
+    rounds = [
+        [row("appliance, defaults #1", 150.0), row("vLLM CPU 0.32, bfloat16 #1", 100.0),
+         row("llama-server, 16 slots, its own threads #1", 50.0)],
+        [row("appliance, defaults #2", 120.0), row("vLLM CPU 0.32, bfloat16 #2", 100.0),
+         row("llama-server, 16 slots, its own threads #2", 80.0)],
+    ]  # fmt: skip
+    lines = summary(rounds).splitlines()
+    assert lines[0].endswith("| vs vLLM, each round | vs llama-server, each round |")
+    assert lines[2].endswith("| 1.50x 1.20x (median 1.35x) | 3.00x 1.50x (median 2.25x) |")
+    assert lines[4].startswith("| llama-server, 16 slots, its own threads | 65.0 |")
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (`make test` installs it)")
+def test_the_scripts_that_make_the_peers_are_shellcheck_clean() -> None:
+    run = subprocess.run(["shellcheck", str(BENCH / "served.sh"), str(BENCH / "llama_server.sh")], capture_output=True)
+    assert run.returncode == 0, run.stdout.decode()
