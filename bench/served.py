@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         for slots, threads in llamas:
             print(f"would run {' '.join(llama_server(args.llama_server_bin, Path('GGUF'), slots, threads).command)}")
         return 0
+    if llamas and not args.llama_server_bin.is_file():
+        raise SystemExit(f"no llama-server at {args.llama_server_bin}: bench/llama_server.sh builds it")
     WORK.mkdir(parents=True, exist_ok=True)
     data_dir = WORK / "appliance"
     keys = [appliance_key(variant_dir(data_dir, i)) for i in range(len(plan))]

@@ -32,9 +32,12 @@ if [ ! -f "$PEERS/aiperf/.installed" ]; then
     make_venv aiperf aiperf==0.13.0
     touch "$PEERS/aiperf/.installed"
 fi
+llama=0
 for arg in "$@"; do
     case $arg in
-    --llama-server | --llama-server=?*) "$ROOT/bench/llama_server.sh" > /dev/null ;;
+    --llama-server | --llama-server=?*) llama=1 ;;
+    --dry-run) llama=0 && break ;; # a plan builds nothing
     esac
 done
+if [ "$llama" = 1 ]; then "$ROOT/bench/llama_server.sh" > /dev/null; fi
 exec "$ROOT/.venv/bin/python" -m bench.served "$@"

@@ -125,6 +125,9 @@ def test_llama_server_runs_are_slots_with_or_without_threads(capsys: pytest.Capt
     # As a user starts it: no thread count, llama.cpp takes every core; 2,048 tokens of context per slot.
     assert "-np 16 -c 32768" in planned[0] and " -t " not in planned[0]
     assert "-np 64 -c 131072" in planned[1] and planned[1].endswith("-t 1 -tb 1")
+    missing = ["--appliance", "", "--vllm-dtypes", "", "--llama-server", "16", "--llama-server-bin", "/nowhere/x"]
+    with pytest.raises(SystemExit, match=r"no llama-server at /nowhere/x: bench/llama_server\.sh builds it"):
+        main(missing)
 
 
 def test_each_peer_that_ran_gets_its_own_ratio_column() -> None:
