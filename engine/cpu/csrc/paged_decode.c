@@ -108,88 +108,6 @@ static float exponentiate(float *restrict p, int64_t n, float top) {
     return sum;
 }
 
-/* On AVX-512, where the pool is of the model's dtype and a head is whole 16-float vectors, a block's scores and
- * values go through explicit 512-bit vectors: each key is one multiply-add chain per query head, and 16 keys'
- * chains are summed across lanes together, where the compiler's code for the loops in attend() (256-bit vectors,
- * a horizontal sum per key and query head, accumulators spilled) stays for every other case. With the prefetch
- * below, bf16, 9 heads over 3 KV heads of 64, 64 rows of ~240 tokens: 25-28 ns a key and KV head from cache
- * against 33, 42-44 from memory against 48-50 (one core of the 2-core Xeon). */
-#if defined(__AVX512F__) && !defined(KV_INT8) && HEAD_DIM % 16 == 0
-#include <immintrin.h>
-#define VECTOR_BLOCKS 1
-#define VECS (HEAD_DIM / 16)
-
-static inline __m512 load16(const kv_elem *p) {
-#ifdef ELEM_BF16
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-#else
-    return _mm512_loadu_ps(p);
-#endif
-}
-
-/* Lane j of the result: the sum of v[j]'s 16 lanes. */
-static inline __m512 sum_across(const __m512 v[16]) {
-    __m512 x[8], z[4];
-    for (int k = 0; k < 8; ++k) /* per 128-bit chunk: (a0+a2, b0+b2, a1+a3, b1+b3) */
-        x[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    for (int k = 0; k < 4; ++k) /* per chunk: its 4 lanes' sum for each of 4 keys */
-        z[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(z[2], z[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/* scores[g * n + i] = qf[g] . keys[i] for the block's keys lo <= i < n. */
-static void block_scores(const float qf[GROUP][HEAD_DIM], const kv_elem *keys, int64_t lo, int64_t n,
-                         float *scores) {
-    __m512 part[GROUP][16];
-    for (int64_t i0 = lo; i0 < n; i0 += 16) {
-        const int m = n - i0 < 16 ? (int)(n - i0) : 16;
-        for (int j = 0; j < 16; ++j) {
-            if (j >= m) {
-                for (int g = 0; g < GROUP; ++g) part[g][j] = _mm512_setzero_ps();
-                continue;
-            }
-            __m512 k[VECS];
-            for (int v = 0; v < VECS; ++v) k[v] = load16(keys + (i0 + j) * HEAD_DIM + v * 16);
-            for (int g = 0; g < GROUP; ++g) {
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qf[g]), k[0]);
-                for (int v = 1; v < VECS; ++v) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf[g] + v * 16), k[v], acc);
-                part[g][j] = acc;
-            }
-        }
-        const __mmask16 keep = (__mmask16)((1u << m) - 1u);
-        for (int g = 0; g < GROUP; ++g) _mm512_mask_storeu_ps(scores + g * n + i0, keep, sum_across(part[g]));
-    }
-}
-
-/* acc[g] += scores[g * n + i] * values[i] for the block's keys lo <= i < n. */
-static void block_values(float acc[GROUP][HEAD_DIM], const kv_elem *values, int64_t lo, int64_t n,
-                         const float *scores) {
-    for (int g0 = 0; g0 < GROUP; g0 += 4) { /* at most 4 query heads' accumulators in registers at once */
-        const int gs = GROUP - g0 < 4 ? GROUP - g0 : 4;
-        __m512 sum[4][VECS];
-        for (int g = 0; g < gs; ++g)
-            for (int v = 0; v < VECS; ++v) sum[g][v] = _mm512_loadu_ps(acc[g0 + g] + v * 16);
-        for (int64_t i = lo; i < n; ++i) {
-            __m512 row[VECS];
-            for (int v = 0; v < VECS; ++v) row[v] = load16(values + i * HEAD_DIM + v * 16);
-            for (int g = 0; g < gs; ++g) {
-                const __m512 w = _mm512_set1_ps(scores[(g0 + g) * n + i]);
-                for (int v = 0; v < VECS; ++v) sum[g][v] = _mm512_fmadd_ps(w, row[v], sum[g][v]);
-            }
-        }
-        for (int g = 0; g < gs; ++g)
-            for (int v = 0; v < VECS; ++v) _mm512_storeu_ps(acc[g0 + g] + v * 16, sum[g][v]);
-    }
-}
-#endif
-
 static inline void prefetch_block(const kv_elem *rows, int64_t n) {
     const char *bytes = (const char *)rows;
     for (int64_t off = 0; off < n * HEAD_DIM * (int64_t)sizeof(kv_elem); off += 64) __builtin_prefetch(bytes + off);
@@ -203,9 +121,6 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
                    int64_t block_size, float scale, int64_t window, float softcap,
                    const float *sinks, float *scores, elem *out) {
     float qf[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], row[HEAD_DIM], best[GROUP], total[GROUP];
-#ifdef VECTOR_BLOCKS
-    (void)row, (void)k_scale_head, (void)v_scale_head; /* the vectors hold the rows; the pool has no scales */
-#endif
     for (int g = 0; g < GROUP; ++g) {
         for (int d = 0; d < HEAD_DIM; ++d) qf[g][d] = load(q[g * q_stride_head + d]) * scale;
         for (int d = 0; d < HEAD_DIM; ++d) acc[g][d] = 0.0f;
@@ -232,8 +147,7 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
         const kv_elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
         const int64_t lo = t < first ? first - t : 0;
-        /* The first block asks for the next PREFETCH_BLOCKS; each later one only for the block that far ahead. */
-        for (int64_t ahead = t <= first ? 1 : PREFETCH_BLOCKS; ahead <= PREFETCH_BLOCKS; ++ahead) {
+        for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
             const int64_t next = t + ahead * block_size;
             if (next >= len) break;
             const int64_t at = (int64_t)table[next / block_size] * block_size * HEAD_DIM;
@@ -241,9 +155,6 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
             prefetch_block(k_head + at, m);
             prefetch_block(v_head + at, m);
         }
-#ifdef VECTOR_BLOCKS
-        block_scores((const float(*)[HEAD_DIM])qf, keys, lo, n, scores);
-#else
         for (int64_t i = lo; i < n; ++i) {
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(keys[i * HEAD_DIM + d]);
             const float key_scale = load_scale(k_scale_head, first_slot + i);
@@ -253,7 +164,6 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
                 scores[g * n + i] = s * key_scale;
             }
         }
-#endif
         if (softcap > 0.0f)
             for (int g = 0; g < GROUP; ++g)
                 for (int64_t i = lo; i < n; ++i) scores[g * n + i] = softcap * tanhf(scores[g * n + i] / softcap);
@@ -265,9 +175,6 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
             total[g] = total[g] * rescale + exponentiate(scores + g * n + lo, n - lo, top);
             best[g] = top;
         }
-#ifdef VECTOR_BLOCKS
-        block_values(acc, values, lo, n, scores);
-#else
         for (int64_t i = lo; i < n; ++i) {
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(values[i * HEAD_DIM + d]);
             const float value_scale = load_scale(v_scale_head, first_slot + i);
@@ -276,7 +183,6 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
                 for (int d = 0; d < HEAD_DIM; ++d) acc[g][d] += w * row[d];
             }
         }
-#endif
     }
     if (sinks != NULL)
         for (int g = 0; g < GROUP; ++g) {
