@@ -78,8 +78,8 @@ def decode_rows(tables: list[list[int]], lens: list[int], block_size: int = 16) 
     return rows
 
 
-# (heads, kv heads, head dim): SmolLM2-135M's first; then 6 query heads a KV head, and a head of 24 (not whole
-# 16-float vectors): shapes whose loops do not divide evenly into the vector widths
+# (heads, kv heads, head dim): SmolLM2-135M's first; then more query heads a KV head (6) than the others, and a
+# head of 24 (three 8-float vectors, not whole 16-float ones)
 SHAPES = [(9, 3, 64), (4, 4, 32), (8, 2, 16), (2, 1, 128), (12, 2, 80), (4, 1, 24)]
 LENS = [1, 2, 15, 16, 17, 31, 33, 300, 64, 5]  # around the block edges, one long
 
