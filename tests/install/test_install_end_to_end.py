@@ -128,6 +128,19 @@ def run_command(installed: Installed, *args: str) -> subprocess.CompletedProcess
     return subprocess.run([str(installed.command), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+def test_a_cpu_install_leaves_out_triton(installed: Installed) -> None:
+    """appliance/trim_venv.sh: xgrammar declares triton (1 GB) on every Linux x86_64 machine; beside a CPU build of
+    torch nothing runs it. A CUDA build of torch requires it, and keeps it."""
+    python = installed.prefix / "venv" / "bin" / "python"
+    probe = (
+        "from importlib import metadata as m\n"
+        "try:\n    m.version('triton'); print('present')\nexcept m.PackageNotFoundError:\n    print('absent')\n"
+        "print(any(r.startswith('triton') for r in m.requires('torch') or []))"
+    )
+    found, torch_needs_it = subprocess.run([str(python), "-c", probe], capture_output=True, text=True).stdout.split()
+    assert found == ("present" if torch_needs_it == "True" else "absent")
+
+
 def test_installed_doctor_finds_nothing_wrong(installed: Installed) -> None:
     result = run_command(installed, "doctor", "--port", str(free_port()))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -166,6 +179,11 @@ def test_installed_appliance_serves_a_chat_completion_and_stops_cleanly(installe
         assert status == 200, completion
         assert completion["choices"][0]["finish_reason"] in ("stop", "length")
         assert isinstance(completion["choices"][0]["message"]["content"], str)
+        # Guided decoding (xgrammar) serves from the trimmed venv: triton, which it declares, is not there.
+        guided = {**chat, "response_format": {"type": "json_object"}, "max_tokens": 16}
+        status, completion = http("POST", f"{base}/v1/chat/completions", bearer, guided)
+        assert status == 200, completion
+        assert completion["choices"][0]["message"]["content"].lstrip().startswith("{"), completion
 
         # The installed command reads the settings file: the admin password there answers `status`.
         asked = run_command(installed, "status", "--port", str(port))
