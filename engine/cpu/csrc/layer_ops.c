@@ -241,6 +241,30 @@ static inline __m256 exp8(__m256 t) {
     return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
 }
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* exp8's operations, in the same order, on sixteen lanes: the same bits (a bf16 prefill of 464 tokens spent a tenth
+ * of its time in SiLU(gate) * up at eight lanes, 1.45x torch's own time for the two operations). */
+static inline __m512 exp16(__m512 t) {
+    const __m512 high = _mm512_set1_ps(88.3762626647949f);
+    const __mmask16 over = _mm512_cmp_ps_mask(t, high, _CMP_GT_OQ);
+    t = _mm512_max_ps(_mm512_min_ps(t, high), _mm512_set1_ps(-87.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), t);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+    return _mm512_mask_blend_ps(over, e, _mm512_set1_ps(INFINITY));
+}
+#endif
 
 /* gate = SiLU(gate) * up, SiLU(x) = x / (1 + e^-x), over rows of width floats (row strides ldg, ldu). Eight at a
  * time where the host has AVX2 and FMA (torch's SiLU is vectorised too, its e^x within one ulp). */
@@ -249,6 +273,14 @@ void silu_mul(float *gate, int64_t ldg, const float *up, int64_t ldu, int64_t ro
         float *g = gate + r * ldg;
         const float *u = up + r * ldu;
         int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= width; i += 16) {
+            const __m512 x = _mm512_loadu_ps(g + i);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm512_storeu_ps(g + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+        }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
         for (; i + 8 <= width; i += 8) {
             const __m256 x = _mm256_loadu_ps(g + i);
@@ -339,6 +371,22 @@ static inline void store8(uint16_t *p, __m256i upper) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
 }
 #endif
+#if defined(__AVX512F__)
+static inline __m512 widen16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512i round16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+    return _mm512_and_si512(_mm512_mask_blend_epi32(nan, rounded, quiet), _mm512_set1_epi32((int)0xffff0000u));
+}
+static inline void store16(uint16_t *p, __m512i upper) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(upper, 16)));
+}
+#endif
 
 /* silu_mul where the model is bf16: gate = bf16(bf16(SiLU(gate)) * up). */
 void silu_mul_bf16(uint16_t *gate, int64_t ldg, const uint16_t *up, int64_t ldu, int64_t rows, int64_t width) {
@@ -346,6 +394,14 @@ void silu_mul_bf16(uint16_t *gate, int64_t ldg, const uint16_t *up, int64_t ldu,
         uint16_t *g = gate + r * ldg;
         const uint16_t *u = up + r * ldu;
         int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= width; i += 16) {
+            const __m512 x = widen16(g + i);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            const __m512 s = _mm512_castsi512_ps(round16(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e))));
+            store16(g + i, round16(_mm512_mul_ps(s, widen16(u + i))));
+        }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
         for (; i + 8 <= width; i += 8) {
             const __m256 x = widen8(g + i);
