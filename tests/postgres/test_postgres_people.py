@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
+
+import asyncpg
 
 from tests.postgres.conftest import fetch, gateways
 from tests.web.conftest import ADMIN, InLoop
@@ -154,11 +158,39 @@ async def test_a_persons_quota_is_exact_over_two_gateways_sessions_and_keys(pg_u
     assert await fetch(pg_url, "SELECT used_tokens FROM key_usage WHERE used_tokens > 0") == []  # no key's own quota
 
 
+@asynccontextmanager
+async def holding_the_active_admins(url: str) -> AsyncIterator[Callable[[int], Awaitable[None]]]:
+    """The active admins' rows locked FOR UPDATE on a connection of the test's own, until the block ends; yields
+    a wait for that many other transactions queued on a lock."""
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        async with conn.transaction():
+            await conn.fetch("SELECT id FROM users WHERE role = 'admin' AND NOT suspended FOR UPDATE")
+
+            async def waiting(count: int) -> None:
+                queued = (
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+                for _ in range(500):
+                    if await conn.fetchval(queued) >= count:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"fewer than {count} transactions came to wait on the lock in 5 s")
+
+            yield waiting
+    finally:
+        await conn.close()
+
+
 def _basic(username: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{username}:{PASSWORD}".encode()).decode()}
 
 
 async def test_two_admins_suspending_each_other_at_once_leave_one(pg_url: str) -> None:
+    """y suspends x on one gateway while x suspends y on the other. The test holds the lock on the active admins
+    until both requests wait on it, so both read the admins only after the lock: one goes through, the other sees
+    it and is refused (409). Unheld, the loser may also come too late to sign in at all (401, x is suspended)."""
     async with gateways(pg_url, 2) as (a, b):
         x, y = await _new_person(a, "admin-x", role="admin"), await _new_person(a, "admin-y", role="admin")
         (seed,) = [
@@ -167,15 +199,29 @@ async def test_two_admins_suspending_each_other_at_once_leave_one(pg_url: str) -
         assert (
             await a.http.patch(f"/admin/api/users/{seed}", json={"role": "user"}, headers=_basic("admin-x"))
         ).status_code == 200
-        for _ in range(5):  # y suspends x on a while x suspends y on b: the lock lets only one through
-            answers = await asyncio.gather(
-                a.http.patch(f"/admin/api/users/{x}", json={"suspended": True}, headers=_basic("admin-y")),
-                b.http.patch(f"/admin/api/users/{y}", json={"suspended": True}, headers=_basic("admin-x")),
-            )
-            assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
+
+        async def at_once(held: bool) -> None:
+            async with AsyncExitStack() as stack:
+                if held:  # locked before either request starts
+                    waiting = await stack.enter_async_context(holding_the_active_admins(pg_url))
+                both = asyncio.gather(
+                    a.http.patch(f"/admin/api/users/{x}", json={"suspended": True}, headers=_basic("admin-y")),
+                    b.http.patch(f"/admin/api/users/{y}", json={"suspended": True}, headers=_basic("admin-x")),
+                )
+                if held:
+                    await waiting(2)
+            answers = await both
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [200, 409] if held else codes in ([200, 409], [200, 401]), [r.text for r in answers]
+            (refused,) = [r for r in answers if r.status_code != 200]
+            assert refused.json()["error"]["code"] == {409: "last_admin", 401: "unauthorized"}[codes[1]], refused.text
             kept = "admin-y" if answers[0].status_code == 200 else "admin-x"
             restored = x if kept == "admin-y" else y
             back = await a.http.patch(f"/admin/api/users/{restored}", json={"suspended": False}, headers=_basic(kept))
             assert back.status_code == 200, back.text
+
+        for _ in range(3):
+            await at_once(held=True)
+            await at_once(held=False)
     active = await fetch(pg_url, "SELECT username FROM users WHERE role = 'admin' AND NOT suspended ORDER BY username")
     assert [r["username"] for r in active] == ["admin-x", "admin-y"]
