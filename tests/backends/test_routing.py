@@ -254,7 +254,10 @@ def test_a_draining_backend_gets_no_new_requests(fleet: Fleet) -> None:
             body = {"model": MODEL, "prompt": "x", "max_tokens": 1500, "ignore_eos": True}
             auth = {"Authorization": f"Bearer {key}"}
             longs = [asyncio.ensure_future(direct.post("/v1/completions", json=body, headers=auth)) for _ in range(8)]
-            await asyncio.sleep(0.3)
+            deadline = time.monotonic() + 30  # all eight admitted before the SIGTERM, however slow the box
+            while (await direct.get("/admin/api/stats", headers=ADMIN)).json()["in_flight"] < 8:
+                assert time.monotonic() < deadline, "the eight long requests were not all admitted in 30 s"
+                await asyncio.sleep(0.05)
             draining.process.send_signal(signal.SIGTERM)  # it drains: the long requests still run
             deadline = time.monotonic() + 20
             while state_of(fleet, draining_name) != "draining" and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, inspect
 
 from tests.postgres.conftest import fetch, gateway_config, gateways
 from tests.postgres.server import PASSWORD
+from tests.waiting import until
 from tests.web.conftest import ADMIN, bearer, new_key, sign_in, sse_events
 from tests.web.fakes import FakeEngineClient
 from web.app import build_gateway
@@ -131,7 +132,7 @@ async def test_a_restart_interrupts_what_was_in_flight(pg_url: str, monkeypatch:
         key = await new_key(one.http, quota_tokens=1000, quota_period="none")
         body = {**CHAT, "max_tokens": 400, "ignore_eos": True}
         running = asyncio.create_task(one.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-        await asyncio.sleep(0.3)
+        await until(lambda: one.gateway.inflight, "the request admitted (its reservation and row written)")
         # The process dies: no settle ever runs (the writer is left as it is).
         monkeypatch.setattr(one.gateway.ledger, "settle", _never)
         await one.gateway.inflight.drain(timeout=0.1)
@@ -227,11 +228,11 @@ async def test_ids_beyond_32_bits_name_no_key(pg_url: str) -> None:
 
 async def test_a_gateway_restarting_leaves_the_others_requests_alone(pg_url: str) -> None:
     async with gateways(pg_url, 2) as (a, b):
-        a.fake.token_delay = 0.02
         key = await new_key(a.http, quota_tokens=1000, quota_period="none")
+        a.fake.token_delay = 0.05  # 2 s: b recovers and the test reads the reservation while a serves
         body = {**CHAT, "max_tokens": 40, "ignore_eos": True}
         on_a = asyncio.create_task(a.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-        await asyncio.sleep(0.3)
+        await until(lambda: a.gateway.inflight, "the request admitted on a (its reservation written)")
         assert await b.gateway.ledger.recover() == 0  # b starts again after a crash while a serves
         (usage,) = await fetch(pg_url, "SELECT reserved_tokens FROM key_usage")
         assert usage["reserved_tokens"] == PROMPT_TOKENS + 40  # a's reservation still holds

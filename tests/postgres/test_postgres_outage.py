@@ -8,6 +8,7 @@ import asyncio
 
 from tests.postgres.conftest import fetch, gateways
 from tests.postgres.server import Server
+from tests.waiting import until
 from tests.web.conftest import assert_openai_error, bearer, new_key, sse_events
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -16,13 +17,13 @@ PROMPT_TOKENS = 19
 
 async def test_a_database_restart_mid_stream_loses_no_row_and_no_charge(pg_server: Server, pg_url: str) -> None:
     async with gateways(pg_url, 1) as (one,):
-        one.fake.token_delay = 0.02
         key = await new_key(one.http, quota_tokens=10_000, quota_period="none")
+        one.fake.token_delay = 0.05  # 3 s each: the database stops while all three stream
         body = {**CHAT, "max_tokens": 60, "ignore_eos": True, "stream": True}
         streams = [
             asyncio.create_task(one.http.post("/v1/chat/completions", json=body, headers=bearer(key))) for _ in range(3)
         ]
-        await asyncio.sleep(0.3)
+        await until(lambda: len(one.gateway.inflight) == 3, "three streams admitted (their reservations written)")
         pg_server.stop()
         try:
             refused = await one.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.figures import record
+from tests.waiting import until
 from tests.web.conftest import ADMIN
 from tests.web.server import Server
 from web.history.record import TERMINAL
@@ -74,16 +75,6 @@ def admin_stats(server: Server) -> dict[str, Any]:
     response = httpx.get(server.url + "/admin/api/stats", headers=ADMIN, timeout=10)
     response.raise_for_status()
     return dict(response.json())
-
-
-async def until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll `check` (without blocking the loop between polls) until it returns something truthy; that value."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return value
 
 
 def idle_stats(server: Server) -> dict[str, Any] | None:
@@ -192,7 +183,7 @@ class RawCall:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.received = bytearray()
-        self.first_byte = asyncio.Event()
+        self.first_event = asyncio.Event()  # the first SSE `data:` event (a ": waiting" notice of the queue is none)
         self._reading = asyncio.create_task(self._read(reader))
 
     @classmethod
@@ -212,7 +203,8 @@ class RawCall:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while chunk := await reader.read(65536):
             self.received += chunk
-            self.first_byte.set()
+            if b"data: " in self.received:
+                self.first_event.set()
 
     @property
     def events(self) -> int:

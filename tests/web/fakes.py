@@ -61,6 +61,7 @@ class FakeEngineClient:
         self.completion_tokens = completion_tokens
         self.token_delay = token_delay
         self.start_delay = start_delay
+        self.start_gate: asyncio.Event | None = None  # where set, a start also waits until the test sets it
         self.state = "stopped"
         self.model_info: ModelInfo | None = None
         self.tokenizer: Any = FakeTokenizer()
@@ -86,6 +87,8 @@ class FakeEngineClient:
     async def start(self) -> ModelInfo:
         self.state = "loading"
         await asyncio.sleep(self.start_delay)
+        if self.start_gate is not None:
+            await self.start_gate.wait()
         self.model_info = ModelInfo(
             name=self.name,
             max_model_len=self.max_model_len,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from tests.waiting import until
 from tests.web.conftest import ADMIN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows
 from web.app import Gateway
 from web.errors import AuthenticationFailed
@@ -161,15 +162,17 @@ async def test_concurrent_requests_never_overspend_the_quota(in_loop: InLoop, db
 
 
 async def test_concurrency_cap_per_key(in_loop: InLoop) -> None:
-    in_loop.fake.token_delay = 0.05
     key = await new_key(in_loop.http, max_concurrent=1)
     other = await new_key(in_loop.http, "other")
-    slow = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key)))
-    await asyncio.sleep(0.05)
+    in_loop.fake.token_delay = 0.2  # the slow one holds the key's slot for a second from its start
+    body = {**CHAT, "max_tokens": 5, "ignore_eos": True}
+    slow = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
+    await until(lambda: in_loop.gateway.inflight, "the slow request to take the slot")
     second = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
     assert_openai_error(second, 429, "rate_limit_exceeded")
-    assert (await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(other))).status_code == 200
+    assert (await in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(other))).status_code == 200
     assert (await slow).status_code == 200
+    in_loop.fake.token_delay = 0.0
     again = await in_loop.http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
     assert again.status_code == 200  # the slot is free again
 

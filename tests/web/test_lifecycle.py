@@ -12,6 +12,7 @@ import httpx
 import pytest
 from litestar import Litestar
 
+from tests.waiting import until
 from tests.web.conftest import METRICS_TOKEN, MODEL, InLoop, assert_openai_error, bearer, new_key, rows, sse_events
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}  # 19 prompt tokens
@@ -164,8 +165,8 @@ async def test_engine_death_fails_requests_then_service_resumes(in_loop: InLoop,
     key = await new_key(in_loop.http)
     body = {**CHAT, "max_tokens": 100, "ignore_eos": True}
 
-    async def kill_soon() -> None:
-        await asyncio.sleep(0.2)
+    async def kill_soon() -> None:  # once both generate (past the gate), however slow the machine
+        await until(lambda: len(in_loop.fake.generated) == 2 and min(in_loop.fake.generated.values()) >= 1, "both")
         in_loop.fake.kill()
 
     killer = asyncio.create_task(kill_soon())
@@ -193,7 +194,7 @@ async def test_drain_lets_requests_finish_and_refuses_new_ones(in_loop: InLoop, 
     key = await new_key(in_loop.http)
     body = {**CHAT, "max_tokens": 25, "ignore_eos": True, "stream": True}
     running = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-    await asyncio.sleep(0.1)
+    await until(lambda: in_loop.fake.generated, "the request to generate")
     draining = asyncio.create_task(in_loop.gateway.inflight.drain(timeout=5))
     await asyncio.sleep(0.05)
     assert_openai_error(await in_loop.http.get("/ready"), 503, "not_ready")
@@ -236,7 +237,7 @@ async def test_shutdown_with_requests_in_flight_finalizes_them(app: Litestar, fa
             key = await new_key(http)
             body = {**CHAT, "max_tokens": 400, "ignore_eos": True, "stream": True}
             pending = asyncio.create_task(http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-            await asyncio.sleep(0.2)
+            await until(lambda: fake.generated, "the request to generate")
     # the drain timeout of the test config is 2 s: the request was aborted, its row finalized
     await pending
     (row,) = rows(db, "SELECT status FROM requests")

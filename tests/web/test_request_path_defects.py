@@ -9,6 +9,7 @@ import sqlite3
 from typing import Any
 
 from engine import RequestOutput, Timings
+from tests.waiting import until
 from tests.web.conftest import (
     ADMIN,
     METRICS_TOKEN,
@@ -59,9 +60,9 @@ async def test_an_engine_crash_is_named_to_clients_the_console_stats_and_metrics
     fake.kill()
     down = assert_openai_error(await http.post("/v1/chat/completions", json=CHAT, headers=bearer(key)), 503)
     assert down["code"] == "engine_unavailable" and "code -9" in down["message"]
-    fake.start_delay = 3.0  # long enough for every check below, even on a loaded CI machine
+    fake.start_gate = asyncio.Event()  # the restart lasts until every check below is done, however slow the box
     restarting = asyncio.create_task(fake.restart())
-    await asyncio.sleep(0.05)
+    await until(lambda: fake.state == "loading", "the restart to begin")
     refused = assert_openai_error(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"},
                                                   headers=bearer(key)), 503, "engine_unavailable")  # fmt: skip
     assert "restarting: after a crash (1 restart; last: the engine process exited (code -9))" in refused["message"]
@@ -73,6 +74,7 @@ async def test_an_engine_crash_is_named_to_clients_the_console_stats_and_metrics
     assert (stats["restarts"], stats["last_exit"]) == (1, "the engine process exited (code -9)")
     scraped = (await http.get("/metrics", headers=bearer(METRICS_TOKEN))).text
     assert "appliance_engine_restarts_total 1.0" in scraped
+    fake.start_gate.set()
     await restarting
     assert (await http.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
     assert "1 restart after a crash" in await _engine_state(http)
