@@ -137,6 +137,10 @@ def test_a_client_that_goes_away_aborts_the_request_on_vllm(gateway: Server, vll
     deadline = time.monotonic() + 20
     while running_on_vllm(vllm_server) and time.monotonic() < deadline:
         time.sleep(0.2)
-    row = httpx.get(f"{gateway.url}/admin/api/requests/{request_id}", headers=ADMIN).json()
+    row_path = f"{gateway.url}/admin/api/requests/{request_id}"
+    row = httpx.get(row_path, headers=ADMIN).json()
+    while row["status"] == "running" and time.monotonic() < deadline + 10:  # the history writer batches
+        time.sleep(0.1)
+        row = httpx.get(row_path, headers=ADMIN).json()
     assert row["status"] == "cancelled" and 0 < row["completion_tokens"] < 1500, row
     assert running_on_vllm(vllm_server) == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import EngineConfig, ModelInfo
+from tests.waiting import until
 from tests.web.conftest import InLoop, bearer, new_key, sign_in, web_config
 from tests.web.fakes import FakeEngineClient
 from web.app import Gateway, build_gateway
@@ -96,12 +97,11 @@ async def test_a_switch_drains_then_serves_the_new_model(in_loop: InLoop) -> Non
     key = await new_key(in_loop.http)
     await sign_in(in_loop.http)
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    in_loop.fake.token_delay = 0.15  # 1.5 s: the switch begins (and refuses) while it runs, however slow the box
     in_flight = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-    while not len(in_loop.gateway.inflight):
-        await asyncio.sleep(0.01)
+    await until(lambda: in_loop.gateway.inflight, "the request in flight")
     switching = asyncio.create_task(_serve(in_loop, "small"))
-    while in_loop.gateway.gate.readiness()[0]:
-        await asyncio.sleep(0.01)
+    await until(lambda: not in_loop.gateway.gate.readiness()[0], "the switch to refuse new requests")
     refused = await in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key))
     assert refused.status_code == 503, refused.text
     error = refused.json()["error"]
@@ -122,12 +122,11 @@ async def test_a_switch_does_not_end_a_shutdowns_drain(in_loop: InLoop) -> None:
     key = await new_key(in_loop.http)
     await sign_in(in_loop.http)
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    in_loop.fake.token_delay = 0.15  # 1.5 s: the switch begins (and refuses) while it runs, however slow the box
     in_flight = asyncio.create_task(in_loop.http.post("/v1/chat/completions", json=body, headers=bearer(key)))
-    while not len(in_loop.gateway.inflight):
-        await asyncio.sleep(0.01)
+    await until(lambda: in_loop.gateway.inflight, "the request in flight")
     switching = asyncio.create_task(_serve(in_loop, "small"))
-    while not gate.switch_draining:
-        await asyncio.sleep(0.01)
+    await until(lambda: gate.switch_draining, "the switch to drain")
     gate.draining = True  # what InFlight.drain does at shutdown
     _, (status, html) = await asyncio.gather(in_flight, switching)
     assert status == 409 and "the server is shutting down" in html
