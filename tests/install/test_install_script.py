@@ -1,9 +1,12 @@
-"""install.sh without installing anything: shellcheck finds nothing, and bad options fail fast and say why."""
+"""install.sh and the scripts beside it without installing anything: shellcheck finds nothing, bad options fail
+fast and say why, and uv is told where pip would install from."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +25,47 @@ def run_install_sh(*args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_shellcheck_finds_nothing() -> None:
     """In install.sh and the scripts it and `make` run."""
-    called = [REPO / "appliance" / "trim_venv.sh", REPO / "appliance" / "vllm" / "env.sh", REPO / ".ci" / "apt-ensure"]
+    called = [REPO / "appliance" / name for name in ("trim_venv.sh", "uv_pip.sh", "vllm/env.sh")]
+    called.append(REPO / ".ci" / "apt-ensure")
     result = subprocess.run(
         ["shellcheck", *map(str, [INSTALL_SH, *called])], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_uv_installs_from_where_pip_would(tmp_path: Path) -> None:
+    """appliance/uv_pip.sh hands uv the venv pip's settings, the environment's first (a CPU torch on disk is found
+    through find-links here), and pip's way of choosing among indexes."""
+    uv = tmp_path / "uv"
+    uv.write_text('#!/bin/sh\nprintf "%s\\n" "SSL_CERT_FILE=$SSL_CERT_FILE" "$@" > "$(dirname "$0")/called"\n')
+    uv.chmod(0o755)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch<=2.14.1\n")
+    env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE" and not k.startswith("PIP_")}
+    env |= {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_FIND_LINKS": "/wheels/a /wheels/b",
+            "PIP_CONSTRAINT": str(constraints), "PIP_CERT": "/etc/ssl/corp.pem"}  # fmt: skip
+    script = REPO / "appliance" / "uv_pip.sh"
+    done = subprocess.run(
+        ["sh", str(script), str(uv), sys.executable, "torch==2.13.0", "-e", ".[dev]"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    called = (tmp_path / "called").read_text().splitlines()
+    assert called[0] == "SSL_CERT_FILE=/etc/ssl/corp.pem"
+    assert called[1:8] == [
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        sys.executable,
+        "--index-strategy",
+        "unsafe-best-match",
+    ]
+    pairs = list(zip(called[8::2], called[9::2], strict=False))
+    assert ("--index-url", "https://mirror.example/simple") in pairs
+    assert ("--find-links", "/wheels/a") in pairs and ("--find-links", "/wheels/b") in pairs
+    assert ("--constraint", str(constraints)) in pairs
+    assert called[-3:] == ["torch==2.13.0", "-e", ".[dev]"]
 
 
 def test_help_lists_the_options() -> None:
