@@ -76,8 +76,10 @@ def test_a_crash_charges_what_was_streamed(tmp_path: Path) -> None:
     assert len(streamed) >= STREAMS // 2 and sum(received) > 0, (len(streamed), sum(received))
     charged = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["completion_tokens"])
     assert usage["used_tokens"] == charged > 0 and usage["reserved_tokens"] == 0
-    # What was checkpointed is at most what the engine produced, and most of what the clients read.
-    assert sum(r["completion_tokens"] for r in streamed) <= sum(received) + STREAMS
+    # What was checkpointed is at most what the engine produced, and most of what the clients read. A checkpoint
+    # counts what the gateway handed to its server's transport: what the kill caught there, unsent because slow
+    # clients had not read what came before, never reached them (1.8% of it once, on a loaded CI box).
+    assert sum(r["completion_tokens"] for r in streamed) <= sum(received) * 1.05 + STREAMS
     assert sum(r["completion_tokens"] for r in streamed) >= sum(received) // 4
     for row in streamed:
         if row["completion_tokens"]:
