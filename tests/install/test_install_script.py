@@ -34,15 +34,20 @@ def test_shellcheck_finds_nothing() -> None:
 
 
 def test_uv_installs_from_where_pip_would(tmp_path: Path) -> None:
-    """appliance/uv_pip.sh hands uv the venv pip's settings, the environment's first (a CPU torch on disk is found
-    through find-links here), and pip's way of choosing among indexes."""
+    """appliance/uv_pip.sh hands uv the venv pip's settings as pip ranks them (a CPU torch on disk is found through
+    find-links here), and pip's way of choosing among indexes."""
     uv = tmp_path / "uv"
     uv.write_text('#!/bin/sh\nprintf "%s\\n" "SSL_CERT_FILE=$SSL_CERT_FILE" "$@" > "$(dirname "$0")/called"\n')
     uv.chmod(0o755)
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("torch<=2.14.1\n")
+    config = tmp_path / "pip.conf"
+    config.write_text(
+        "[global]\nindex-url = https://global.example/simple\nfind-links = /wheels/global\n"
+        "[install]\nindex-url = https://mirror.example/simple\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE" and not k.startswith("PIP_")}
-    env |= {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_FIND_LINKS": "/wheels/a /wheels/b",
+    env |= {"PIP_CONFIG_FILE": str(config), "PIP_FIND_LINKS": "/wheels/a /wheels/b",
             "PIP_CONSTRAINT": str(constraints), "PIP_CERT": "/etc/ssl/corp.pem"}  # fmt: skip
     script = REPO / "appliance" / "uv_pip.sh"
     done = subprocess.run(
@@ -62,8 +67,9 @@ def test_uv_installs_from_where_pip_would(tmp_path: Path) -> None:
         "unsafe-best-match",
     ]
     pairs = list(zip(called[8::2], called[9::2], strict=False))
-    assert ("--index-url", "https://mirror.example/simple") in pairs
-    assert ("--find-links", "/wheels/a") in pairs and ("--find-links", "/wheels/b") in pairs
+    assert ("--index-url", "https://mirror.example/simple") in pairs  # [install] over [global]
+    assert ("--find-links", "/wheels/a") in pairs and ("--find-links", "/wheels/b") in pairs  # PIP_* over files
+    assert not {"https://global.example/simple", "/wheels/global"} & set(called)
     assert ("--constraint", str(constraints)) in pairs
     assert called[-3:] == ["torch==2.13.0", "-e", ".[dev]"]
 
