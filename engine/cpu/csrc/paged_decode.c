@@ -142,12 +142,15 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
 #endif
     /* A window starts mid-block: the first block read skips its first `lo` tokens. */
     const int64_t first = window > 0 && len > window ? len - window : 0;
-    for (int64_t t = first - first % block_size; t < len; t += block_size) {
+    const int64_t start = first - first % block_size;
+    for (int64_t t = start; t < len; t += block_size) {
         const int64_t first_slot = (int64_t)table[t / block_size] * block_size, offset = first_slot * HEAD_DIM;
         const kv_elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
         const int64_t lo = t < first ? first - t : 0;
-        for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
+        /* The first block asks for the next PREFETCH_BLOCKS, each later one for the one that many ahead: asking
+         * again for blocks already on their way cost a third of the kernel's time (their lines' prefetches). */
+        for (int64_t ahead = t == start ? 1 : PREFETCH_BLOCKS; ahead <= PREFETCH_BLOCKS; ++ahead) {
             const int64_t next = t + ahead * block_size;
             if (next >= len) break;
             const int64_t at = (int64_t)table[next / block_size] * block_size * HEAD_DIM;
