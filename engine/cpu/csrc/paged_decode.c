@@ -148,17 +148,24 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
         const kv_elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
         const int64_t lo = t < first ? first - t : 0;
-        /* The first block asks for the next PREFETCH_BLOCKS, each later one for the one that many ahead: asking
-         * again for blocks already on their way cost a third of the kernel's time (their lines' prefetches). */
-        for (int64_t ahead = t == start ? 1 : PREFETCH_BLOCKS; ahead <= PREFETCH_BLOCKS; ++ahead) {
-            const int64_t next = t + ahead * block_size;
-            if (next >= len) break;
-            const int64_t at = (int64_t)table[next / block_size] * block_size * HEAD_DIM;
-            const int64_t m = len - next < block_size ? len - next : block_size;
-            prefetch_block(k_head + at, m);
-            prefetch_block(v_head + at, m);
-        }
+        /* The first block asks for the next PREFETCH_BLOCKS in one go; each later one for the block that many
+         * ahead, a key's row at a time beside the reading of its own (the keys' with the scores, the values'
+         * with the sums): asked for a whole block at once (64 lines at 64 dims in bf16), or again for blocks
+         * already on their way, the prefetches held up the loads and had a third of the kernel's samples. */
+        if (t == start)
+            for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
+                const int64_t next = t + ahead * block_size;
+                if (next >= len) break;
+                const int64_t at = (int64_t)table[next / block_size] * block_size * HEAD_DIM;
+                const int64_t m = len - next < block_size ? len - next : block_size;
+                prefetch_block(k_head + at, m);
+                prefetch_block(v_head + at, m);
+            }
+        const int64_t next = t + (PREFETCH_BLOCKS + 1) * block_size;
+        const int64_t next_at = next < len ? (int64_t)table[next / block_size] * block_size * HEAD_DIM : -1;
+        const int64_t next_n = next < len ? (len - next < block_size ? len - next : block_size) : 0;
         for (int64_t i = lo; i < n; ++i) {
+            if (i < next_n) prefetch_block(k_head + next_at + i * HEAD_DIM, 1);
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(keys[i * HEAD_DIM + d]);
             const float key_scale = load_scale(k_scale_head, first_slot + i);
             for (int g = 0; g < GROUP; ++g) {
@@ -179,6 +186,7 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
             best[g] = top;
         }
         for (int64_t i = lo; i < n; ++i) {
+            if (i < next_n) prefetch_block(v_head + next_at + i * HEAD_DIM, 1);
             for (int d = 0; d < HEAD_DIM; ++d) row[d] = load_kv(values[i * HEAD_DIM + d]);
             const float value_scale = load_scale(v_scale_head, first_slot + i);
             for (int g = 0; g < GROUP; ++g) {
