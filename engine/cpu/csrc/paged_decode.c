@@ -148,10 +148,11 @@ static void attend(const elem *q, int64_t q_stride_head, const kv_elem *k_head, 
         const kv_elem *keys = k_head + offset, *values = v_head + offset;
         const int64_t n = len - t < block_size ? len - t : block_size;
         const int64_t lo = t < first ? first - t : 0;
-        /* The first block asks for the next PREFETCH_BLOCKS in one go; each later one for the block that many
-         * ahead, a key's row at a time beside the reading of its own (the keys' with the scores, the values'
-         * with the sums): asked for a whole block at once (64 lines at 64 dims in bf16), or again for blocks
-         * already on their way, the prefetches held up the loads and had a third of the kernel's samples. */
+        /* The first block asks for the next PREFETCH_BLOCKS in one go; every block (the first too) for the one
+         * after those, PREFETCH_BLOCKS + 1 ahead, a key's row at a time beside the reading of its own (the keys'
+         * with the scores, the values' with the sums): asked for a whole block at once (64 lines at 64 dims in
+         * bf16), or again for blocks already on their way, the prefetches held up the loads and had a third of
+         * the kernel's samples. */
         if (t == start)
             for (int64_t ahead = 1; ahead <= PREFETCH_BLOCKS; ++ahead) {
                 const int64_t next = t + ahead * block_size;
